@@ -1,0 +1,55 @@
+"""Token-budget packing: sort a window of rows by length, cut it into packs.
+
+Sorting keeps each pack's sequences of similar length, so the padded path wastes little
+and the packed path's attention blocks are even; callers restore row order from
+`PackPlan.rows`. The budget bounds `rows x longest row`, which bounds memory on both the
+packed and the padded path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from states.interface import Pack
+from workers.tokenize import Encoded
+
+
+@dataclass
+class PackPlan:
+    rows: np.ndarray  # (B,) indices into the window, longest first
+
+
+def plan_packs(lengths: np.ndarray, max_tokens: int, max_seqs: int) -> list[PackPlan]:
+    """lengths (N,) -> packs whose `count * longest` stays within `max_tokens`."""
+    assert max_tokens > 0 and max_seqs > 0
+    order = np.argsort(-lengths, kind="stable")  # longest first
+    plans, start = [], 0
+    while start < len(order):
+        longest = max(int(lengths[order[start]]), 1)
+        count = max(1, min(max_seqs, max_tokens // longest, len(order) - start))
+        plans.append(PackPlan(order[start : start + count]))
+        start += count
+    return plans
+
+
+def build_pack(encoded: Encoded, plan: PackPlan) -> Pack:
+    """Concatenate the planned rows' ids into a CPU `Pack`."""
+    seqs = [encoded.ids[i] for i in plan.rows]
+    lengths = np.fromiter((len(s) for s in seqs), dtype=np.int64, count=len(seqs))  # (B,)
+    cu = np.zeros(len(seqs) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=cu[1:])
+    starts = np.repeat(cu[:-1].astype(np.int64), lengths)  # (T,)
+    positions = np.arange(int(cu[-1]), dtype=np.int64) - starts  # (T,)
+    types = None
+    if encoded.type_ids is not None:
+        types = torch.from_numpy(np.concatenate([encoded.type_ids[i] for i in plan.rows]))
+    return Pack(
+        input_ids=torch.from_numpy(np.concatenate(seqs)),
+        position_ids=torch.from_numpy(positions),
+        token_type_ids=types,
+        cu_seqlens=torch.from_numpy(cu),
+        max_len=int(lengths.max()),
+    )

@@ -1,0 +1,31 @@
+"""Filesystems for local paths and URIs (s3://, gs://, hdfs://, file://), via pyarrow.fs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pyarrow.fs as pafs
+
+_SCHEMES = {"s3": pafs.S3FileSystem, "gs": pafs.GcsFileSystem, "gcs": pafs.GcsFileSystem}
+
+
+def resolve(uri: str, options: dict | None = None) -> tuple[pafs.FileSystem, str]:
+    """(filesystem, path inside it). `options` go to the filesystem's constructor
+    (e.g. S3's endpoint_override, region, access_key), so private endpoints work."""
+    scheme = urlparse(uri).scheme
+    if scheme in _SCHEMES and options:
+        parsed = urlparse(uri)
+        return _SCHEMES[scheme](**options), f"{parsed.netloc}{parsed.path}".rstrip("/")
+    if scheme and len(scheme) > 1:
+        fs, path = pafs.FileSystem.from_uri(uri)
+        return fs, path.rstrip("/")
+    return pafs.LocalFileSystem(), str(Path(uri).absolute())
+
+
+def join(base: str, *parts: str) -> str:
+    return "/".join([base.rstrip("/"), *parts])
+
+
+def is_local(fs: pafs.FileSystem) -> bool:
+    return isinstance(fs, pafs.LocalFileSystem)

@@ -1,0 +1,206 @@
+"""Running one work unit: read -> tokenize -> pack -> forward -> pool -> write.
+
+Model-agnostic: everything model-specific is behind `Runtime.compute`. The same
+`UnitRunner` runs in-process (tests, `backend="local"`) and inside the Ray actor, which
+only holds it. Within a unit, the next window is tokenized on a background thread while
+the current one runs on the device; across units, `run` may be called from two threads
+at once: reading, tokenizing and writing overlap, and `_device_lock` serializes the
+forward passes.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from jobs.spec import JobSpec
+from states.runtime import Runtime
+from workers import storage
+from workers.packing import PackPlan, build_pack, plan_packs
+from workers.reader import Unit, read_unit, text_column
+from workers.tokenize import BatchTokenizer, Encoded
+from workers.writer import output_columns, write_table
+
+VERSION = "0.1.0"
+MAX_SEQS_PER_PACK = 4096
+
+
+class RowError(ValueError):
+    """A row cannot be processed and the job runs with on_error='fail'."""
+
+
+@dataclass
+class UnitResult:
+    """What a worker reports for a committed unit (metadata only)."""
+
+    name: str
+    rows: int  # rows written to the shard
+    errors: int  # rows quarantined under _errors/
+    tokens: int  # real tokens forwarded
+    padded_tokens: int  # tokens the device computed, padding included
+    truncated: int  # rows cut to max_length
+    checksum: str  # sha256 of the shard file
+    bytes: int
+    schema: str
+    worker: str
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def default_max_tokens(runtime: Runtime) -> int:
+    """Token budget per forward: CPU a fixed 16k; CUDA sized so one layer's activations
+    (about hidden*6 + intermediate values per token) use a quarter of free memory."""
+    if runtime.device.type != "cuda":
+        return 16_384
+    free, _ = torch.cuda.mem_get_info(runtime.device)
+    cfg = runtime.state.config
+    hidden = getattr(cfg, "hidden_size", 1024)
+    inter = getattr(cfg, "intermediate_size", 4 * hidden)
+    per_token = (6 * hidden + inter) * torch.finfo(runtime.dtype).bits // 8
+    return int(max(2048, min(1 << 19, free // 4 // per_token)))
+
+
+class UnitRunner:
+    def __init__(self, spec: JobSpec, runtime: Runtime | None = None) -> None:
+        self.spec = spec
+        self.runtime = runtime or Runtime(spec.model_options)
+        self.tokenize = BatchTokenizer(self.runtime.tokenizer, self.runtime.max_length, self.runtime.prompt)
+        self.max_tokens = spec.max_tokens or default_max_tokens(self.runtime)
+        self.worker = f"{socket.gethostname()}:{self.runtime.device}"
+        self._device_lock = threading.Lock()
+        self._prefetch = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize")
+        self.metadata = {"pooljobs_version": VERSION, **self.runtime.provenance(),
+                         "output_dtype": spec.output_dtype, "model_sha256": self.runtime.fingerprint()}
+
+    # -- the stages -----------------------------------------------------------------
+    def _texts(self, unit: Unit, table: pa.Table) -> tuple[list, list | None, list[str | None]]:
+        texts, reasons = text_column(table, self.spec.text_column, unit.uri)
+        pairs = None
+        if self.spec.pair_column:
+            pairs, pair_reasons = text_column(table, self.spec.pair_column, unit.uri)
+            reasons = [a or (b and f"{self.spec.pair_column}: {b}") for a, b in zip(reasons, pair_reasons)]
+        return texts, pairs, reasons
+
+    def _encode(self, texts: list[str], pairs: list[str] | None) -> tuple[Encoded, list[int], list[str]]:
+        """Tokenize; rows the tokenizer rejects are found one by one and reported."""
+        try:
+            return self.tokenize(texts, pairs), [], []
+        except Exception:  # the Rust tokenizer names no row: find them
+            keep, bad, why = [], [], []
+            for i, text in enumerate(texts):
+                try:
+                    self.tokenize([text], None if pairs is None else [pairs[i]])
+                    keep.append(i)
+                except Exception as e:
+                    bad.append(i), why.append(f"tokenizer rejected the row: {e}")
+            enc = self.tokenize([texts[i] for i in keep], None if pairs is None else [pairs[i] for i in keep])
+            return enc, bad, why
+
+    def _forward(self, encoded: Encoded, plan: PackPlan) -> list[tuple[np.ndarray, dict[str, torch.Tensor]]]:
+        """Forward one pack; on out-of-memory, halve the budget and split the pack."""
+        pack = build_pack(encoded, plan)
+        if self.runtime.device.type == "cuda":
+            pack = pack.pin_memory()
+        try:
+            return [(plan.rows, self.runtime.compute(pack.to(self.runtime.device, non_blocking=True)))]
+        except torch.OutOfMemoryError:
+            if len(plan.rows) == 1:
+                raise
+            self.max_tokens = max(1, self.max_tokens // 2)
+            if self.runtime.device.type == "cuda":
+                torch.cuda.empty_cache()
+            half = len(plan.rows) // 2
+            return self._forward(encoded, PackPlan(plan.rows[:half])) + self._forward(encoded, PackPlan(plan.rows[half:]))
+
+    def run(self, unit: Unit) -> UnitResult:
+        spec, clock = self.spec, {"read": 0.0, "tokenize": 0.0, "forward": 0.0, "write": 0.0}
+        t0 = time.perf_counter()
+        columns = [c for c in (spec.text_column, spec.pair_column, spec.id_column) if c]
+        table = read_unit(unit, list(dict.fromkeys(columns)), spec.storage_options)
+        texts, pairs, reasons = self._texts(unit, table)
+        clock["read"] = time.perf_counter() - t0
+
+        good = np.array([i for i, r in enumerate(reasons) if r is None], dtype=np.int64)
+        bad = {i: r for i, r in enumerate(reasons) if r is not None}
+        windows = [good[s : s + spec.window_rows] for s in range(0, len(good), spec.window_rows)]
+
+        def tokenize(rows: np.ndarray):
+            t = time.perf_counter()
+            enc, rejected, why = self._encode([texts[i] for i in rows], None if pairs is None else [pairs[i] for i in rows])
+            kept = np.delete(rows, rejected)
+            return enc, kept, dict(zip(rows[rejected].tolist(), why)), time.perf_counter() - t
+
+        outputs: dict[str, np.ndarray] = {}
+        done = np.zeros(len(texts), dtype=bool)
+        tokens = padded = truncated = 0
+        pending = self._prefetch.submit(tokenize, windows[0]) if windows else None
+        for w in range(len(windows)):
+            enc, kept, rejected, seconds = pending.result()
+            pending = self._prefetch.submit(tokenize, windows[w + 1]) if w + 1 < len(windows) else None
+            clock["tokenize"] += seconds
+            bad.update(rejected)
+            lengths = enc.lengths
+            tokens, truncated = tokens + int(lengths.sum()), truncated + int(enc.truncated.sum())
+            t = time.perf_counter()
+            with self._device_lock:
+                results = [r for plan in plan_packs(lengths, self.max_tokens, MAX_SEQS_PER_PACK) for r in self._forward(enc, plan)]
+                host = [(rows, {k: v.cpu().numpy() for k, v in out.items()}) for rows, out in results]
+            clock["forward"] += time.perf_counter() - t
+            for rows, out in host:
+                target = kept[rows]
+                computed = int(lengths[rows].sum()) if self.runtime.state.packed else len(rows) * int(lengths[rows].max())
+                padded += computed
+                for key, value in out.items():
+                    if key not in outputs:
+                        outputs[key] = np.zeros((len(texts), *value.shape[1:]), dtype=value.dtype)
+                    outputs[key][target] = value
+                done[target] = True
+
+        if bad and spec.on_error == "fail":
+            row = min(bad)
+            raise RowError(f"{unit.uri}: row {unit.row_offset + row}: {bad[row]} (on_error='fail')")
+        t = time.perf_counter()
+        keep = np.flatnonzero(done)  # input order
+        key_name, keys = self._keys(unit, table)
+        shard = pa.table({key_name: keys.take(pa.array(keep, type=pa.int64())),
+                          **output_columns({k: v[keep] for k, v in outputs.items()}, spec.output_dtype, self.runtime.labels)})
+        shard = shard.replace_schema_metadata({"pooljobs": json.dumps(self.metadata)})
+        if bad:
+            self._write_errors(unit, key_name, keys, bad)
+        nbytes, checksum = write_table(storage.join(self._out(), f"{unit.name}.parquet"), shard, spec.storage_options)
+        clock["write"] = time.perf_counter() - t
+        return UnitResult(unit.name, shard.num_rows, len(bad), tokens, padded, truncated, checksum, nbytes,
+                          shard.schema.remove_metadata().to_string(), self.worker, clock)
+
+    def _keys(self, unit: Unit, table: pa.Table) -> tuple[str, pa.Array]:
+        """(name, values): the id column, or `file#row` keys, stable for the same input."""
+        if self.spec.id_column:
+            return self.spec.id_column, table.column(self.spec.id_column).combine_chunks()
+        rows = range(unit.row_offset, unit.row_offset + table.num_rows)
+        return "row_key", pa.array([f"{unit.uri}#{r}" for r in rows], type=pa.string())
+
+    def _write_errors(self, unit: Unit, key_name: str, keys: pa.Array, bad: dict[int, str]) -> None:
+        rows = sorted(bad)
+        table = pa.table({
+            key_name: keys.take(pa.array(rows, type=pa.int64())),
+            "file": pa.array([unit.uri] * len(rows)),
+            "row": pa.array([unit.row_offset + r for r in rows], type=pa.int64()),
+            "reason": pa.array([bad[r] for r in rows]),
+        })
+        write_table(storage.join(self._out(), "_errors", f"{unit.name}.parquet"), table, self.spec.storage_options)
+
+    def _out(self) -> str:
+        return self.spec.output.rstrip("/")
+
+    def close(self) -> None:
+        self._prefetch.shutdown(wait=False, cancel_futures=True)
