@@ -1,0 +1,209 @@
+"""The driver: plan units, claim the output, keep workers fed, commit, report.
+
+It knows no model. Work goes to Ray actors (one per GPU, or CPU workers) through a
+bounded `ray.wait` loop: each actor holds at most `IN_FLIGHT` units, so memory stays
+flat however large the corpus. A dead actor is restarted by Ray (`max_restarts=-1`)
+and Ray retries its in-flight calls (`max_task_retries`); a unit whose error is not
+about its own data is retried on any worker up to `max_retries`, then recorded as
+failed. The `local` backend runs the same `UnitRunner` in this process.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter, defaultdict, deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from jobs.manifest import Manifest
+from jobs.plan import input_fingerprint, list_inputs, plan_units
+from jobs.progress import Progress
+from jobs.spec import JobSpec
+from states.loading import check_model_dir, fingerprint
+from workers.reader import InputError, Unit
+from workers.unit import VERSION, RowError, UnitResult, UnitRunner
+
+IN_FLIGHT = 2  # units per actor: one forwarding, one being read/tokenized or written
+PERMANENT = (InputError, RowError)  # errors about the data itself: retrying cannot help
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Outcome:
+    """What a finished (or partly failed) job did."""
+
+    output: str
+    report: dict
+    failed: dict[str, str] = field(default_factory=dict)  # unit name -> error
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+
+def identity(spec: JobSpec, files: list, units: list[Unit]) -> dict:
+    """What makes an output directory this job's: a resume must match it exactly."""
+    model_dir = check_model_dir(spec.model, spec.allow_pickle)
+    return {"pooljobs_version": VERSION, "options": spec.fingerprint_fields(), "model_sha256": fingerprint(model_dir),
+            "input_sha256": input_fingerprint(files), "units": [u.name for u in units]}
+
+
+def run_job(spec: JobSpec) -> Outcome:
+    t0 = time.perf_counter()
+    files = list_inputs(spec)
+    units = plan_units(spec, files)
+    manifest = Manifest(spec.output, spec.storage_options)
+    manifest.prepare(identity(spec, files, units), spec.overwrite)
+    committed = manifest.committed()
+    todo = [u for u in units if u.name not in committed]
+    progress = Progress(len(todo), None, spec.progress)
+    failed: dict[str, str] = {}
+    workers: list[dict] = []
+
+    def on_result(result: UnitResult) -> None:
+        record = result.to_json()
+        manifest.commit(record)
+        committed[result.name] = record
+        progress.update(result.rows, result.tokens)
+
+    try:
+        if todo:
+            runner = _run_local if _backend(spec) == "local" else _run_ray
+            workers = runner(spec, todo, on_result, failed)
+    finally:
+        progress.close()
+    report = build_report(units, committed, failed, workers, time.perf_counter() - t0, [u.name for u in todo])
+    manifest.finish(report, success=not failed)
+    return Outcome(spec.output, report, failed)
+
+
+def _backend(spec: JobSpec) -> str:
+    if spec.backend != "auto":
+        return spec.backend
+    return "ray"
+
+
+def _retry_or_fail(unit: Unit, error: BaseException, attempts: Counter, spec: JobSpec, failed: dict) -> bool:
+    """True when the unit should run again."""
+    attempts[unit.name] += 1
+    if isinstance(error, PERMANENT) or attempts[unit.name] > spec.max_retries:
+        failed[unit.name] = f"{type(error).__name__}: {error}"
+        return False
+    return True
+
+
+def _run_local(spec: JobSpec, units: list[Unit], on_result: Callable, failed: dict) -> list[dict]:
+    t = time.perf_counter()
+    runner = UnitRunner(spec)
+    info = {"worker": runner.worker, "load_seconds": time.perf_counter() - t, "max_tokens": runner.max_tokens}
+    attempts: Counter = Counter()
+    queue = deque(units)
+    try:
+        while queue:
+            unit = queue.popleft()
+            try:
+                on_result(runner.run(unit))
+            except Exception as e:  # noqa: BLE001 - classified by _retry_or_fail
+                if _retry_or_fail(unit, e, attempts, spec, failed):
+                    queue.append(unit)
+    finally:
+        runner.close()
+    return [info]
+
+
+def init_ray(address: str | None):
+    """Connect to the given cluster, the one a submitted job runs in, or start a local
+    Ray on loopback. Returns True when this call started Ray (and should stop it)."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address)
+        return False
+    ray.init(
+        address="local", _node_ip_address="127.0.0.1", include_dashboard=False,
+        runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}},
+    )
+    return True
+
+
+def _run_ray(spec: JobSpec, units: list[Unit], on_result: Callable, failed: dict) -> list[dict]:
+    import ray
+    from ray.exceptions import RayActorError, RayTaskError
+
+    from workers.actor import WorkerActor
+
+    started = init_ray(spec.address)
+    gpus = int(ray.cluster_resources().get("GPU", 0))
+    count = spec.num_workers or max(1, gpus)
+    actor_cls = ray.remote(WorkerActor).options(
+        num_gpus=1 if gpus else 0, num_cpus=0 if gpus else 1, max_concurrency=IN_FLIGHT,
+        max_restarts=-1, max_task_retries=spec.max_retries,
+    )
+    actors = [actor_cls.remote(spec) for _ in range(count)]
+    try:
+        infos = ray.get([a.info.remote() for a in actors])
+        attempts: Counter = Counter()
+        load: Counter = Counter()
+        queue = deque(units)
+        inflight: dict = {}
+        while queue or inflight:
+            while queue and min(load[i] for i in range(count)) < IN_FLIGHT:
+                i = min(range(count), key=lambda k: load[k])
+                unit = queue.popleft()
+                inflight[actors[i].run.remote(unit)] = (unit, i)
+                load[i] += 1
+            ready, _ = ray.wait(list(inflight), num_returns=1)
+            for ref in ready:
+                unit, i = inflight.pop(ref)
+                load[i] -= 1
+                try:
+                    on_result(ray.get(ref))
+                except RayTaskError as e:
+                    cause = e.cause if isinstance(e.cause, Exception) else e
+                    if _retry_or_fail(unit, cause, attempts, spec, failed):
+                        queue.append(unit)
+                except RayActorError as e:
+                    if _retry_or_fail(unit, e, attempts, spec, failed):
+                        queue.append(unit)
+        return infos
+    finally:
+        for actor in actors:
+            ray.kill(actor)
+        if started:
+            ray.shutdown()
+
+
+def build_report(units: list[Unit], committed: dict, failed: dict, workers: list[dict], wall: float,
+                 ran: list[str]) -> dict:
+    """Totals over every committed unit; rates over the units this run did."""
+    records = [committed[u.name] for u in units if u.name in committed]
+    now = [committed[n] for n in ran if n in committed]
+    rows_now, tokens_now = sum(r["rows"] for r in now), sum(r["tokens"] for r in now)
+    rows = sum(r["rows"] for r in records)
+    tokens = sum(r["tokens"] for r in records)
+    padded = sum(r["padded_tokens"] for r in records)
+    per_worker: dict[str, dict] = defaultdict(lambda: {"units": 0, "rows": 0, "tokens": 0, "forward_seconds": 0.0})
+    for r in records:
+        w = per_worker[r["worker"]]
+        w["units"] += 1
+        w["rows"] += r["rows"]
+        w["tokens"] += r["tokens"]
+        w["forward_seconds"] += r["seconds"]["forward"]
+    for w in per_worker.values():
+        w["tokens_per_s_forward"] = w["tokens"] / w["forward_seconds"] if w["forward_seconds"] else None
+    unit_file = {u.name: u.uri for u in units}
+    return {
+        "units": len(units), "units_committed": len(records), "units_run_now": len(now),
+        "units_failed": [{"unit": n, "file": unit_file[n], "error": e} for n, e in sorted(failed.items())],
+        "rows": rows, "rows_quarantined": sum(r["errors"] for r in records), "tokens": tokens,
+        "rows_truncated": sum(r["truncated"] for r in records),
+        "padding_efficiency": tokens / padded if padded else None,
+        "wall_seconds": wall, "rows_per_s": rows_now / wall, "tokens_per_s": tokens_now / wall,
+        "stage_seconds": {k: sum(r["seconds"].get(k, 0.0) for r in records) for k in ("read", "tokenize", "forward", "write")},
+        "workers": workers, "per_worker": dict(per_worker),
+    }

@@ -1,0 +1,31 @@
+"""The Ray actor: one per GPU (or CPU worker), holding a loaded `UnitRunner`.
+
+Thin on purpose: it loads the model once and forwards units to `UnitRunner.run`. It is
+created with `max_concurrency=2`, so while one unit's forward runs the next unit is
+read and tokenized, and the previous one written (see `workers.unit`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from jobs.spec import JobSpec
+from workers.reader import Unit
+from workers.unit import UnitResult, UnitRunner
+
+
+class WorkerActor:
+    def __init__(self, spec: JobSpec) -> None:
+        t = time.perf_counter()
+        self.runner = UnitRunner(spec)
+        self.load_seconds = time.perf_counter() - t
+
+    def info(self) -> dict:
+        """Who this worker is and what loading cost, for the report."""
+        return {"worker": self.runner.worker, "pid": os.getpid(), "load_seconds": self.load_seconds,
+                "max_tokens": self.runner.max_tokens, "state": self.runner.runtime.state.kind,
+                "execution": self.runner.runtime.state.execution}
+
+    def run(self, unit: Unit) -> UnitResult:
+        return self.runner.run(unit)
