@@ -60,7 +60,7 @@ def run_job(spec: JobSpec) -> Outcome:
     todo = [u for u in units if u.name not in committed]
     progress = Progress(len(todo), None, spec.progress)
     failed: dict[str, str] = {}
-    workers: list[dict] = []
+    run: dict = {"workers": [], "run_seconds": 0.0}
 
     def on_result(result: UnitResult) -> None:
         record = result.to_json()
@@ -71,10 +71,11 @@ def run_job(spec: JobSpec) -> Outcome:
     try:
         if todo:
             runner = _run_local if _backend(spec) == "local" else _run_ray
-            workers = runner(spec, todo, on_result, failed)
+            run = runner(spec, todo, on_result, failed)
     finally:
         progress.close()
-    report = build_report(units, committed, failed, workers, time.perf_counter() - t0, [u.name for u in todo])
+    report = build_report(units, committed, failed, time.perf_counter() - t0, [u.name for u in todo])
+    report.update(run)
     manifest.finish(report, success=not failed)
     return Outcome(spec.output, report, failed)
 
@@ -94,12 +95,13 @@ def _retry_or_fail(unit: Unit, error: BaseException, attempts: Counter, spec: Jo
     return True
 
 
-def _run_local(spec: JobSpec, units: list[Unit], on_result: Callable, failed: dict) -> list[dict]:
+def _run_local(spec: JobSpec, units: list[Unit], on_result: Callable, failed: dict) -> dict:
     t = time.perf_counter()
     runner = UnitRunner(spec)
     info = {"worker": runner.worker, "load_seconds": time.perf_counter() - t, "max_tokens": runner.max_tokens}
     attempts: Counter = Counter()
     queue = deque(units)
+    t = time.perf_counter()
     try:
         while queue:
             unit = queue.popleft()
@@ -110,7 +112,7 @@ def _run_local(spec: JobSpec, units: list[Unit], on_result: Callable, failed: di
                     queue.append(unit)
     finally:
         runner.close()
-    return [info]
+    return {"workers": [info], "run_seconds": time.perf_counter() - t}
 
 
 def init_ray(address: str | None):
@@ -131,7 +133,7 @@ def init_ray(address: str | None):
     return True
 
 
-def _run_ray(spec: JobSpec, units: list[Unit], on_result: Callable, failed: dict) -> list[dict]:
+def _run_ray(spec: JobSpec, units: list[Unit], on_result: Callable, failed: dict) -> dict:
     import ray
     from ray.exceptions import RayActorError, RayTaskError
 
@@ -139,14 +141,17 @@ def _run_ray(spec: JobSpec, units: list[Unit], on_result: Callable, failed: dict
 
     started = init_ray(spec.address)
     gpus = int(ray.cluster_resources().get("GPU", 0))
+    # device=cuda asks for GPU actors even when none are up yet: the autoscaler adds nodes.
+    use_gpu = gpus > 0 or spec.device.startswith("cuda")
     count = spec.num_workers or max(1, gpus)
     actor_cls = ray.remote(WorkerActor).options(
-        num_gpus=1 if gpus else 0, num_cpus=0 if gpus else 1, max_concurrency=IN_FLIGHT,
+        num_gpus=1 if use_gpu else 0, num_cpus=0 if use_gpu else 1, max_concurrency=IN_FLIGHT,
         max_restarts=-1, max_task_retries=spec.max_retries,
     )
     actors = [actor_cls.remote(spec) for _ in range(count)]
     try:
         infos = ray.get([a.info.remote() for a in actors])
+        t = time.perf_counter()
         attempts: Counter = Counter()
         load: Counter = Counter()
         queue = deque(units)
@@ -170,7 +175,7 @@ def _run_ray(spec: JobSpec, units: list[Unit], on_result: Callable, failed: dict
                 except RayActorError as e:
                     if _retry_or_fail(unit, e, attempts, spec, failed):
                         queue.append(unit)
-        return infos
+        return {"workers": infos, "run_seconds": time.perf_counter() - t}
     finally:
         for actor in actors:
             ray.kill(actor)
@@ -178,8 +183,7 @@ def _run_ray(spec: JobSpec, units: list[Unit], on_result: Callable, failed: dict
             ray.shutdown()
 
 
-def build_report(units: list[Unit], committed: dict, failed: dict, workers: list[dict], wall: float,
-                 ran: list[str]) -> dict:
+def build_report(units: list[Unit], committed: dict, failed: dict, wall: float, ran: list[str]) -> dict:
     """Totals over every committed unit; rates over the units this run did."""
     records = [committed[u.name] for u in units if u.name in committed]
     now = [committed[n] for n in ran if n in committed]
@@ -205,5 +209,5 @@ def build_report(units: list[Unit], committed: dict, failed: dict, workers: list
         "padding_efficiency": tokens / padded if padded else None,
         "wall_seconds": wall, "rows_per_s": rows_now / wall, "tokens_per_s": tokens_now / wall,
         "stage_seconds": {k: sum(r["seconds"].get(k, 0.0) for r in records) for k in ("read", "tokenize", "forward", "write")},
-        "workers": workers, "per_worker": dict(per_worker),
+        "per_worker": dict(per_worker),
     }

@@ -30,7 +30,9 @@ def pool(hidden: torch.Tensor, cu_seqlens: torch.Tensor, mode: PoolingMode) -> t
     if mode == "last":
         return hidden[ends - 1].float()
     lengths = ends - starts  # (B,)
-    seg = torch.repeat_interleave(torch.arange(lengths.numel(), device=hidden.device), lengths)  # (T,)
+    seg = torch.repeat_interleave(  # output_size avoids a device->host sync
+        torch.arange(lengths.numel(), device=hidden.device), lengths, output_size=hidden.shape[0]
+    )  # (T,)
     h = hidden.float()
     if mode == "max":
         out = torch.full((lengths.numel(), h.shape[1]), float("-inf"), device=h.device)

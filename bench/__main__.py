@@ -1,0 +1,186 @@
+"""Throughput benchmark: pooljobs end to end against its anchors, in one process run.
+
+    python -m bench --tokenizer DIR [--docs 40000] [--shapes minilm,bert-base,bert-large,qwen3-0.6b]
+
+For each random-init model shape it runs, on the same corpus and GPU:
+  * pooljobs end to end: Parquet in -> one Ray GPU actor -> embedding Parquet out
+    (timed from the loaded actor's first unit to the last commit; load reported apart),
+  * sentence-transformers `encode` (batch 256; also 32 for BERT-base),
+  * a plain transformers loop (tokenizer `__call__`, padded batches of 256),
+and prints tokens/s, rows/s, MFU and the ratios, plus the cosine between pooljobs' output
+and the padded reference on a sample (must be >= 0.999 in bf16).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+SHAPES = {  # hidden, layers, heads, kv heads, intermediate, kind
+    "minilm": (384, 6, 12, 12, 1536, "bert"),
+    "bert-base": (768, 12, 12, 12, 3072, "bert"),
+    "bert-large": (1024, 24, 16, 16, 4096, "bert"),
+    "qwen3-0.6b": (1024, 28, 16, 8, 3072, "qwen3"),
+}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
+
+
+def make_corpus(tokenizer_dir: Path, docs: int, seed: int = 0) -> list[str]:
+    """Texts of real WordPiece words whose token counts are log-normal: median 71,
+    p90 211, capped at 510 (+2 special tokens = 512)."""
+    vocab = [w for w in (tokenizer_dir / "vocab.txt").read_text().split("\n")
+             if w.isalpha() and w.isascii() and not w.startswith("[")]
+    rng = np.random.default_rng(seed)
+    lengths = np.clip(rng.lognormal(math.log(71), math.log(211 / 71) / 1.2816, docs), 1, 510).astype(int)
+    words = np.array(vocab)
+    return [" ".join(words[rng.integers(0, len(words), n)]) for n in lengths]
+
+
+def build_model(shape: str, tokenizer_dir: Path, root: Path) -> Path:
+    from transformers import BertConfig, BertModel, Qwen3Config, Qwen3Model
+
+    hidden, layers, heads, kv, inter, kind = SHAPES[shape]
+    torch.manual_seed(0)
+    if kind == "bert":
+        model = BertModel(BertConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                                     intermediate_size=inter, vocab_size=30522), add_pooling_layer=False)
+    else:
+        model = Qwen3Model(Qwen3Config(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                                       num_key_value_heads=kv, intermediate_size=inter, head_dim=128,
+                                       vocab_size=30522, max_position_embeddings=2048, pad_token_id=0))
+    out = root / shape
+    model.save_pretrained(out)
+    for name in TOKENIZER_FILES:
+        shutil.copy(tokenizer_dir / name, out / name)
+    return out
+
+
+def flops_per_row(shape: str, length: np.ndarray) -> np.ndarray:
+    """Forward FLOPs of real tokens: 2 x matmul weights per token plus attention's
+    QK^T and AV (4 x len^2 x hidden per layer); embeddings excluded."""
+    hidden, layers, heads, kv, inter, kind = SHAPES[shape]
+    head_dim = 128 if kind == "qwen3" else hidden // heads
+    proj = hidden * head_dim * (heads + 2 * kv) + heads * head_dim * hidden
+    mlp = (3 if kind == "qwen3" else 2) * hidden * inter
+    return layers * (2 * (proj + mlp) * length + 4 * length**2 * heads * head_dim)
+
+
+def timed(fn) -> float:
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t
+
+
+def run_pooljobs(model_dir: Path, corpus: Path, out: Path, pooling: str) -> tuple[float, dict, np.ndarray]:
+    from jobs.driver import init_ray, run_job
+    from jobs.spec import JobSpec
+
+    init_ray(None)
+    spec = JobSpec(input=str(corpus), output=str(out), model=str(model_dir), id_column="id", pooling=pooling,
+                   normalize=True, num_workers=1, overwrite=True, unit_rows=20_000, progress=False)
+    outcome = run_job(spec)
+    assert outcome.ok, outcome.failed
+    table = pq.read_table(out, columns=["id", "embedding"]).sort_by("id")
+    emb = np.stack(table.column("embedding").to_numpy(zero_copy_only=False))
+    return outcome.report["run_seconds"], outcome.report, emb
+
+
+def run_st(model_dir: Path, texts: list[str], batch: int, pooling: str) -> tuple[float, np.ndarray]:
+    from sentence_transformers import SentenceTransformer, models
+
+    word = models.Transformer(str(model_dir), max_seq_length=512, model_args={"dtype": torch.bfloat16})
+    mode = {"mean": "mean", "last": "lasttoken"}[pooling]
+    st = SentenceTransformer(modules=[word, models.Pooling(word.get_word_embedding_dimension(), mode), models.Normalize()],
+                             device="cuda")
+    st.encode(texts[:512], batch_size=batch)  # warm-up
+    out = {}
+    seconds = timed(lambda: out.setdefault("e", st.encode(texts, batch_size=batch, convert_to_numpy=True)))
+    return seconds, out["e"]
+
+
+def run_plain(model_dir: Path, texts: list[str], pooling: str, batch: int = 256) -> tuple[float, np.ndarray]:
+    """The loop most people write: tokenizer(...) padded, model(...), pool, in input order."""
+    from transformers import AutoModel, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModel.from_pretrained(model_dir, dtype=torch.bfloat16).cuda().eval()
+    chunks = []
+
+    def loop() -> None:
+        with torch.inference_mode():
+            for i in range(0, len(texts), batch):
+                enc = tok(texts[i : i + batch], padding=True, truncation=True, max_length=512, return_tensors="pt").to("cuda")
+                hidden = model(**enc).last_hidden_state.float()
+                mask = enc["attention_mask"]
+                if pooling == "mean":
+                    pooled = (hidden * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
+                else:
+                    pooled = hidden[torch.arange(hidden.shape[0]), mask.sum(1) - 1]
+                chunks.append(torch.nn.functional.normalize(pooled, dim=1).cpu())
+
+    seconds = timed(loop)
+    return seconds, torch.cat(chunks).numpy()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokenizer", type=Path, required=True, help="directory with a WordPiece tokenizer (BERT vocab)")
+    parser.add_argument("--docs", type=int, default=40_000)
+    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--peak-tflops", type=float, default=792.0, help="measured bf16 matmul peak of the GPU")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args()
+    assert torch.cuda.is_available(), "the benchmark needs a CUDA GPU"
+
+    texts = make_corpus(args.tokenizer, args.docs)
+    root = Path(tempfile.mkdtemp(prefix="pooljobs-bench-"))
+    corpus = root / "corpus.parquet"
+    pq.write_table(pa.table({"id": np.arange(len(texts)), "text": texts}), corpus, row_group_size=5000)
+    from tokenizers import Tokenizer
+
+    lengths = np.array([len(e.ids) for e in Tokenizer.from_file(str(args.tokenizer / "tokenizer.json")).encode_batch(texts)])
+    tokens = int(lengths.sum())
+    print(f"# {torch.cuda.get_device_name()} | torch {torch.__version__} | {platform.node()}")
+    print(f"# corpus: {len(texts):,} docs, {tokens:,} tokens, mean {lengths.mean():.0f}, p50 {np.median(lengths):.0f}, "
+          f"p90 {np.percentile(lengths, 90):.0f}, max {lengths.max()}")
+    print("| shape | path | tokens/s | rows/s | MFU | vs ST-256 | min cos vs padded ref |")
+    print("|---|---|---|---|---|---|---|")
+    results = []
+    for shape in args.shapes.split(","):
+        pooling = "last" if SHAPES[shape][5] == "qwen3" else "mean"
+        model_dir = build_model(shape, args.tokenizer, root)
+        flops = float(flops_per_row(shape, lengths).sum())
+        pj_s, report, pj_emb = run_pooljobs(model_dir, corpus, root / f"out-{shape}", pooling)
+        plain_s, ref = run_plain(model_dir, texts, pooling)
+        st = {b: run_st(model_dir, texts, b, pooling)[0] for b in ((32, 256) if shape == "bert-base" else (256,))}
+        cos = (pj_emb * ref).sum(1) / (np.linalg.norm(pj_emb, axis=1) * np.linalg.norm(ref, axis=1))
+        rows = [("pooljobs e2e", pj_s), ("transformers loop", plain_s)] + [(f"ST encode b{b}", s) for b, s in st.items()]
+        for name, sec in rows:
+            mfu = flops / sec / (args.peak_tflops * 1e12)
+            print(f"| {shape} | {name} | {tokens / sec:,.0f} | {len(texts) / sec:,.0f} | {mfu:.1%} | "
+                  f"{st[256] / sec:.2f}x | {cos.min():.5f} |" if name == "pooljobs e2e" else
+                  f"| {shape} | {name} | {tokens / sec:,.0f} | {len(texts) / sec:,.0f} | {mfu:.1%} | {st[256] / sec:.2f}x | |")
+        print(f"#   pooljobs {shape}: padding efficiency {report['padding_efficiency']:.3f}, stage seconds "
+              f"{ {k: round(v, 2) for k, v in report['stage_seconds'].items()} }, worker {report['workers'][0]}")
+        results.append({"shape": shape, "tokens": tokens, "docs": len(texts), "seconds": dict(rows), "min_cos": float(cos.min()),
+                        "report": report})
+        assert cos.min() >= 0.999, f"{shape}: pooljobs disagrees with the padded reference (min cos {cos.min():.5f})"
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
