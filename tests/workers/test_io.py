@@ -1,0 +1,56 @@
+"""Reading text columns, writing output columns and atomic shards."""
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from workers.reader import InputError, Unit, read_unit, text_column
+from workers.writer import embedding_array, put_atomic, write_table
+
+
+def test_text_column_types():
+    table = pa.table({
+        "s": pa.array(["a", None, ""]),
+        "d": pa.array(["x", "y", "x"]).dictionary_encode(),
+        "b": pa.array([b"ok", b"\xff\xfe", None], pa.binary()),
+        "n": pa.array([1, 2, 3]),
+    })
+    assert text_column(table, "s", "f") == (["a", None, ""], [None, "null text", None])
+    assert text_column(table, "d", "f")[0] == ["x", "y", "x"]
+    texts, reasons = text_column(table, "b", "f")
+    assert texts == ["ok", None, None]
+    assert reasons[1].startswith("invalid UTF-8") and reasons[2] == "null text"
+    with pytest.raises(InputError, match=r"f: column 'n' has type int64"):
+        text_column(table, "n", "f")
+
+
+def test_missing_column_lists_the_columns(tmp_path):
+    path = tmp_path / "x.parquet"
+    pq.write_table(pa.table({"body": ["a"]}), path)
+    with pytest.raises(InputError, match=r"no column 'text'.*\['body'\]"):
+        read_unit(Unit("part-0", str(path), "parquet", 0, 1, (0,)), ["text"])
+
+
+def test_embedding_dtypes():
+    v = np.array([[0.5, -0.25, 1.0, -1.0, 0.1, 0.2, -0.3, 0.4, 0.9]], dtype=np.float32)
+    assert embedding_array(v, "float32").type == pa.list_(pa.float32(), 9)
+    assert embedding_array(v, "float16").type == pa.list_(pa.float16(), 9)
+    q = embedding_array(v, "int8")
+    assert q.type == pa.list_(pa.int8(), 9) and q[0].as_py()[:4] == [64, -32, 127, -127]
+    b = embedding_array(v, "binary")
+    assert b.type == pa.list_(pa.uint8(), 2)
+    assert b[0].as_py() == [int("10101101", 2), int("10000000", 2)]
+
+
+def test_atomic_put_leaves_only_the_file(tmp_path):
+    size, digest = write_table(str(tmp_path / "out" / "s.parquet"), pa.table({"a": [1, 2]}))
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["s.parquet"]
+    assert pq.read_table(tmp_path / "out" / "s.parquet").num_rows == 2 and len(digest) == 64 and size > 0
+
+
+def test_put_error_names_the_path(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(OSError, match="cannot write .*file/sub/s.parquet"):
+        put_atomic(str(blocker / "sub" / "s.parquet"), b"data")
