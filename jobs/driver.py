@@ -47,7 +47,7 @@ def identity(spec: JobSpec, files: list, units: list[Unit]) -> dict:
     """What makes an output directory this job's: a resume must match it exactly."""
     model_dir = check_model_dir(spec.model, spec.allow_pickle)
     return {"pooljobs_version": VERSION, "options": spec.fingerprint_fields(), "model_sha256": fingerprint(model_dir),
-            "input_sha256": input_fingerprint(files), "units": [u.name for u in units]}
+            "input": spec.inputs, "input_sha256": input_fingerprint(files), "units": [u.name for u in units]}
 
 
 def run_job(spec: JobSpec) -> Outcome:
