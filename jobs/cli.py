@@ -25,10 +25,11 @@ USER_ERRORS = (SpecError, InputError, ModelLoadError, OutputConflictError, Uncla
 
 
 def _storage_option(text: str) -> tuple[str, Any]:
+    """KEY=VALUE; only true/false become booleans (a secret like 0123 stays a string)."""
     key, sep, value = text.partition("=")
     if not sep:
         raise argparse.ArgumentTypeError(f"--storage-option wants KEY=VALUE, got {text!r}")
-    return key, yaml.safe_load(value)
+    return key, {"true": True, "false": False}.get(value.lower(), value)
 
 
 def build_parser(prog: str, description: str, tasks: Sequence[str]) -> argparse.ArgumentParser:

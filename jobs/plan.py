@@ -22,7 +22,7 @@ from workers.reader import FORMAT_OF_SUFFIX, InputError, Unit
 
 def _uri(original: str, path: str) -> str:
     scheme = urlparse(original).scheme
-    return f"{scheme}://{path}" if scheme and len(scheme) > 1 else path
+    return storage.uri(scheme, path) if scheme and len(scheme) > 1 else path
 
 
 def _format(path: str, forced: str) -> str | None:

@@ -17,6 +17,8 @@ from states.runtime import ModelOptions
 
 INPUT_FORMATS = ("auto", "parquet", "ipc", "jsonl", "csv")
 OUTPUT_DTYPES = ("float32", "float16", "int8", "binary")
+OVERLONG = ("truncate", "chunk")
+CHUNK_AGGREGATE = ("mean", "none")
 ON_ERROR = ("quarantine", "fail")
 BACKENDS = ("auto", "ray", "local")
 
@@ -47,6 +49,10 @@ class JobSpec:
     dim: int | None = _f(None, "Matryoshka truncation to this many dimensions (renormalized when normalizing)")
     output_dtype: str = _f("float32", "embedding storage type; binary packs sign bits 8 per byte", OUTPUT_DTYPES)
     max_length: int | None = _f(None, "truncate texts to this many tokens (default: the model's limit)")
+    overlong: str = _f("truncate", "texts over max_length: truncate them (counted), or split them into windows", OVERLONG)
+    chunk_stride: int = _f(32, "with overlong=chunk: tokens each window shares with the previous one")
+    chunk_aggregate: str = _f("mean", "with overlong=chunk: mean the windows' embeddings per row (renormalized), "
+                              "or none: one output row per window with a `chunk` index", CHUNK_AGGREGATE)
     prompt_name: str | None = _f(None, "sentence-transformers prompt to prepend (default: the model's default)")
     device: str = _f("auto", "auto, cpu, cuda or cuda:N")
     dtype: str = _f("auto", "compute dtype; auto is bfloat16 on CUDA, float32 on CPU", ("auto", *DTYPES))
@@ -79,6 +85,10 @@ class JobSpec:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value <= 0):
                 raise SpecError(f"{name}={value!r} must be a positive integer")
+        if self.overlong == "chunk" and self.task != "embed":
+            raise SpecError(f"overlong='chunk' works with task 'embed' only (got task {self.task!r})")
+        if self.chunk_stride < 0:
+            raise SpecError(f"chunk_stride={self.chunk_stride} must be >= 0")
         if self.max_retries < 0:
             raise SpecError(f"max_retries={self.max_retries} must be >= 0")
         if self.task == "score" and not self.pair_column:

@@ -3,24 +3,33 @@
 from __future__ import annotations
 
 from pathlib import Path
-from urllib.parse import urlparse
+from urllib.parse import quote, unquote, urlparse
 
 import pyarrow.fs as pafs
 
 _SCHEMES = {"s3": pafs.S3FileSystem, "gs": pafs.GcsFileSystem, "gcs": pafs.GcsFileSystem}
+# What a URI path may hold unescaped (RFC 3986 pchar, less "%"): `uri` escapes the rest,
+# so a key with a space, "#" or "?" still makes a URI that resolves back to that key.
+_PATH_SAFE = "/:@!$&'()*+,;="
 
 
 def resolve(uri: str, options: dict | None = None) -> tuple[pafs.FileSystem, str]:
     """(filesystem, path inside it). `options` go to the filesystem's constructor
-    (e.g. S3's endpoint_override, region, access_key), so private endpoints work."""
+    (e.g. S3's endpoint_override, region, access_key), so private endpoints work.
+    A URI's path is percent-decoded, with or without options (pyarrow's from_uri decodes)."""
     scheme = urlparse(uri).scheme
     if scheme in _SCHEMES and options:
         parsed = urlparse(uri)
-        return _SCHEMES[scheme](**options), f"{parsed.netloc}{parsed.path}".rstrip("/")
+        return _SCHEMES[scheme](**options), unquote(f"{parsed.netloc}{parsed.path}").rstrip("/")
     if scheme and len(scheme) > 1:
         fs, path = pafs.FileSystem.from_uri(uri)
         return fs, path.rstrip("/")
     return pafs.LocalFileSystem(), str(Path(uri).absolute())
+
+
+def uri(scheme: str, path: str) -> str:
+    """The URI of `path` in a `scheme` filesystem, as `resolve` reads it back."""
+    return f"{scheme}://{quote(path, safe=_PATH_SAFE)}"
 
 
 def join(base: str, *parts: str) -> str:

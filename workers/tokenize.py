@@ -1,7 +1,9 @@
 """Batch tokenization with the Rust tokenizer: no padding, truncation to the model's limit.
 
 `encode_batch` spreads a batch over all host cores (the Python `__call__` path is the
-throughput cap otherwise). Rows come back as id arrays plus whether each was truncated.
+throughput cap otherwise). Each text yields one sequence (truncated, flagged), or with
+`chunk=True` its first window plus every overflowing window (each `max_length` long with
+special tokens, overlapping the previous by `stride` tokens).
 """
 
 from __future__ import annotations
@@ -14,26 +16,30 @@ from tokenizers import Tokenizer
 
 @dataclass
 class Encoded:
-    """Token ids of a batch of rows, unpadded."""
+    """Token ids of a batch's sequences, unpadded; several per text when chunking."""
 
-    ids: list[np.ndarray]  # N arrays of (L_i,) int64
-    type_ids: list[np.ndarray] | None  # N arrays of (L_i,), or None when the model takes none
-    truncated: np.ndarray  # (N,) bool
+    ids: list[np.ndarray]  # M arrays of (L_i,) int64
+    type_ids: list[np.ndarray] | None  # M arrays of (L_i,), or None when the model takes none
+    truncated: np.ndarray  # (N,) bool: the text was longer than max_length
+    source: np.ndarray  # (M,) int64: index of the text each sequence comes from
+    chunk: np.ndarray  # (M,) int32: window number within its text (0 without chunking)
 
     @property
     def lengths(self) -> np.ndarray:
-        return np.fromiter((len(x) for x in self.ids), dtype=np.int64, count=len(self.ids))  # (N,)
+        return np.fromiter((len(x) for x in self.ids), dtype=np.int64, count=len(self.ids))  # (M,)
 
 
 class BatchTokenizer:
     """Wraps a transformers fast tokenizer's backend for unpadded, truncated batches."""
 
-    def __init__(self, hf_tokenizer, max_length: int, prompt: str = "") -> None:
+    def __init__(self, hf_tokenizer, max_length: int, prompt: str = "", chunk: bool = False, stride: int = 0) -> None:
         self.backend: Tokenizer = Tokenizer.from_str(hf_tokenizer.backend_tokenizer.to_str())
         self.backend.no_padding()
-        self.backend.enable_truncation(max_length)
-        self.max_length = max_length
-        self.prompt = prompt
+        try:
+            self.backend.enable_truncation(max_length, stride=stride if chunk else 0)
+        except Exception as e:
+            raise ValueError(f"chunk_stride={stride} must be smaller than max_length={max_length} less special tokens") from e
+        self.max_length, self.prompt, self.chunk = max_length, prompt, chunk
         self.with_type_ids = "token_type_ids" in hf_tokenizer.model_input_names
 
     def __call__(self, texts: list[str], pairs: list[str] | None = None) -> Encoded:
@@ -41,7 +47,14 @@ class BatchTokenizer:
             texts = [self.prompt + t for t in texts]
         inputs = texts if pairs is None else list(zip(texts, pairs))
         encodings = self.backend.encode_batch(inputs, add_special_tokens=True)
+        truncated = np.fromiter((bool(e.overflowing) for e in encodings), dtype=bool, count=len(encodings))
+        if self.chunk:
+            windows = [[e, *e.overflowing] for e in encodings]
+            source = np.repeat(np.arange(len(windows)), [len(w) for w in windows])
+            chunk = np.concatenate([np.arange(len(w), dtype=np.int32) for w in windows]) if windows else np.zeros(0, np.int32)
+            encodings = [e for w in windows for e in w]
+        else:
+            source, chunk = np.arange(len(encodings)), np.zeros(len(encodings), dtype=np.int32)
         ids = [np.asarray(e.ids, dtype=np.int64) for e in encodings]
         type_ids = [np.asarray(e.type_ids, dtype=np.int64) for e in encodings] if self.with_type_ids else None
-        truncated = np.fromiter((bool(e.overflowing) for e in encodings), dtype=bool, count=len(encodings))
-        return Encoded(ids, type_ids, truncated)
+        return Encoded(ids, type_ids, truncated, source.astype(np.int64), chunk)

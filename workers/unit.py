@@ -46,7 +46,7 @@ class UnitResult:
     errors: int  # rows quarantined under _errors/
     tokens: int  # real tokens forwarded
     padded_tokens: int  # tokens the device computed, padding included
-    truncated: int  # rows cut to max_length
+    truncated: int  # rows longer than max_length (truncated, or split with overlong="chunk")
     checksum: str  # sha256 of the shard file
     bytes: int
     schema: str
@@ -74,7 +74,8 @@ class UnitRunner:
     def __init__(self, spec: JobSpec, runtime: Runtime | None = None) -> None:
         self.spec = spec
         self.runtime = runtime or Runtime(spec.model_options)
-        self.tokenize = BatchTokenizer(self.runtime.tokenizer, self.runtime.max_length, self.runtime.prompt)
+        self.tokenize = BatchTokenizer(self.runtime.tokenizer, self.runtime.max_length, self.runtime.prompt,
+                                       chunk=spec.overlong == "chunk", stride=spec.chunk_stride)
         self.max_tokens = spec.max_tokens or default_max_tokens(self.runtime)
         self.worker = f"{socket.gethostname()}:{self.runtime.device}"
         self._device_lock = threading.Lock()
@@ -140,8 +141,7 @@ class UnitRunner:
             kept = np.delete(rows, rejected)
             return enc, kept, dict(zip(rows[rejected].tolist(), why)), time.perf_counter() - t
 
-        outputs: dict[str, np.ndarray] = {}
-        done = np.zeros(len(texts), dtype=bool)
+        pieces: list[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]] = []  # (unit rows, chunk numbers, outputs)
         tokens = padded = truncated = 0
         pending = self._prefetch.submit(tokenize, windows[0]) if windows else None
         for w in range(len(windows)):
@@ -157,23 +157,19 @@ class UnitRunner:
                 host = [(rows, {k: v.cpu().numpy() for k, v in out.items()}) for rows, out in results]
             clock["forward"] += time.perf_counter() - t
             for rows, out in host:
-                target = kept[rows]
-                computed = int(lengths[rows].sum()) if self.runtime.state.packed else len(rows) * int(lengths[rows].max())
-                padded += computed
-                for key, value in out.items():
-                    if key not in outputs:
-                        outputs[key] = np.zeros((len(texts), *value.shape[1:]), dtype=value.dtype)
-                    outputs[key][target] = value
-                done[target] = True
+                padded += int(lengths[rows].sum()) if self.runtime.state.packed else len(rows) * int(lengths[rows].max())
+                pieces.append((kept[enc.source[rows]], enc.chunk[rows], out))
 
         if bad and spec.on_error == "fail":
             row = min(bad)
             raise RowError(f"{unit.uri}: row {unit.row_offset + row}: {bad[row]} (on_error='fail')")
         t = time.perf_counter()
-        keep = np.flatnonzero(done)  # input order
+        rows, chunks, outputs = self._assemble(pieces)
         key_name, keys = self._keys(unit, table)
-        shard = pa.table({key_name: keys.take(pa.array(keep, type=pa.int64())),
-                          **output_columns({k: v[keep] for k, v in outputs.items()}, spec.output_dtype, self.runtime.labels)})
+        columns = {key_name: keys.take(pa.array(rows, type=pa.int64()))}
+        if spec.overlong == "chunk" and spec.chunk_aggregate == "none":
+            columns["chunk"] = pa.array(chunks, type=pa.int32())
+        shard = pa.table({**columns, **output_columns(outputs, spec.output_dtype, self.runtime.labels)})
         shard = shard.replace_schema_metadata({"pooljobs": json.dumps(self.metadata)})
         if bad:
             self._write_errors(unit, key_name, keys, bad)
@@ -181,6 +177,24 @@ class UnitRunner:
         clock["write"] = time.perf_counter() - t
         return UnitResult(unit.name, shard.num_rows, len(bad), tokens, padded, truncated, checksum, nbytes,
                           shard.schema.remove_metadata().to_string(), self.worker, clock)
+
+    def _assemble(self, pieces: list) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+        """(unit rows, chunk numbers, outputs) in input order; with chunk_aggregate='mean',
+        one row per text: the mean of its windows, renormalized when normalizing."""
+        if not pieces:
+            return np.zeros(0, np.int64), np.zeros(0, np.int32), {}
+        rows = np.concatenate([p[0] for p in pieces])
+        chunks = np.concatenate([p[1] for p in pieces])
+        order = np.lexsort((chunks, rows))
+        outputs = {k: np.concatenate([p[2][k] for p in pieces])[order] for k in pieces[0][2]}
+        rows, chunks = rows[order], chunks[order]
+        if self.spec.overlong != "chunk" or self.spec.chunk_aggregate == "none":
+            return rows, chunks, outputs
+        unique, starts, counts = np.unique(rows, return_index=True, return_counts=True)
+        mean = np.add.reduceat(outputs["embedding"], starts, axis=0) / counts[:, None]
+        if self.runtime.normalize:
+            mean /= np.maximum(np.linalg.norm(mean, axis=1, keepdims=True), 1e-12)
+        return unique, np.zeros(len(unique), np.int32), {"embedding": mean}
 
     def _keys(self, unit: Unit, table: pa.Table) -> tuple[str, pa.Array]:
         """(name, values): the id column, or `file#row` keys, stable for the same input."""

@@ -27,7 +27,8 @@ def test_row_longer_than_budget_gets_its_own_pack():
 
 def test_build_pack_layout():
     ids = [np.array([1, 2, 3]), np.array([4]), np.array([5, 6])]
-    enc = Encoded(ids, [np.zeros(3, int), np.ones(1, int), np.zeros(2, int)], np.zeros(3, bool))
+    enc = Encoded(ids, [np.zeros(3, int), np.ones(1, int), np.zeros(2, int)], np.zeros(3, bool), np.arange(3),
+                  np.zeros(3, np.int32))
     pack = build_pack(enc, plan_packs(enc.lengths, 100, 10)[0])
     assert pack.input_ids.tolist() == [1, 2, 3, 5, 6, 4]  # longest first
     assert pack.position_ids.tolist() == [0, 1, 2, 0, 1, 0]

