@@ -86,13 +86,16 @@ def _backend(spec: JobSpec) -> str:
     return "ray"
 
 
-def _retry_or_fail(unit: Unit, error: BaseException, attempts: Counter, spec: JobSpec, failed: dict) -> bool:
-    """True when the unit should run again."""
+def _settle(unit: Unit, error: BaseException, attempts: Counter, spec: JobSpec, failed: dict, queue: deque) -> None:
+    """Requeue a unit that failed for a reason retrying can fix, else record it failed.
+    A bad row under on_error='fail' (RowError) also empties the queue: the job stops."""
     attempts[unit.name] += 1
-    if isinstance(error, PERMANENT) or attempts[unit.name] > spec.max_retries:
-        failed[unit.name] = f"{type(error).__name__}: {error}"
-        return False
-    return True
+    if not isinstance(error, PERMANENT) and attempts[unit.name] <= spec.max_retries:
+        queue.append(unit)
+        return
+    failed[unit.name] = f"{type(error).__name__}: {error}"
+    if isinstance(error, RowError):
+        queue.clear()
 
 
 def _run_local(spec: JobSpec, units: list[Unit], on_result: Callable, failed: dict) -> dict:
@@ -107,9 +110,8 @@ def _run_local(spec: JobSpec, units: list[Unit], on_result: Callable, failed: di
             unit = queue.popleft()
             try:
                 on_result(runner.run(unit))
-            except Exception as e:  # noqa: BLE001 - classified by _retry_or_fail
-                if _retry_or_fail(unit, e, attempts, spec, failed):
-                    queue.append(unit)
+            except Exception as e:  # noqa: BLE001 - classified by _settle
+                _settle(unit, e, attempts, spec, failed, queue)
     finally:
         runner.close()
     return {"workers": [info], "run_seconds": time.perf_counter() - t}
@@ -168,13 +170,9 @@ def _run_ray(spec: JobSpec, units: list[Unit], on_result: Callable, failed: dict
                 load[i] -= 1
                 try:
                     on_result(ray.get(ref))
-                except RayTaskError as e:
-                    cause = e.cause if isinstance(e.cause, Exception) else e
-                    if _retry_or_fail(unit, cause, attempts, spec, failed):
-                        queue.append(unit)
-                except RayActorError as e:
-                    if _retry_or_fail(unit, e, attempts, spec, failed):
-                        queue.append(unit)
+                except (RayTaskError, RayActorError) as e:
+                    cause = getattr(e, "cause", None)  # the worker's own exception, for task errors
+                    _settle(unit, cause if isinstance(cause, Exception) else e, attempts, spec, failed, queue)
         return {"workers": infos, "run_seconds": time.perf_counter() - t}
     finally:
         for actor in actors:

@@ -67,9 +67,9 @@ class Manifest:
                 f"{self.uri} is not empty and was not written by pooljobs; choose another output or pass --overwrite"
             )
         elif existing is not None:
-            changed = sorted(k for k in set(existing) | set(identity) if existing.get(k) != identity.get(k))
             raise OutputConflictError(
-                f"{self.uri} holds output of a job with different settings (differs in: {', '.join(changed)}); "
+                f"{self.uri} holds output of a job with different settings "
+                f"(differs in: {', '.join(_differences(existing, identity))}); "
                 "rerun with the same options to resume, or pass --overwrite to replace it"
             )
         self._put_json(identity, JOB_FILE)
@@ -109,3 +109,15 @@ class Manifest:
 
     def report(self) -> dict | None:
         return self._read_json(REPORT)
+
+
+def _differences(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ, nested mappings included: `options.dim`, not `options`."""
+    keys = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            keys += _differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            keys.append(f"{prefix}{key}")
+    return keys

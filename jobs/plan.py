@@ -12,12 +12,13 @@ import hashlib
 from urllib.parse import urlparse
 
 import pyarrow as pa
+import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from jobs.spec import JobSpec
 from workers import storage
-from workers.reader import FORMAT_OF_SUFFIX, InputError, Unit
+from workers.reader import DATASET_FORMAT, FORMAT_OF_SUFFIX, InputError, Unit, check_text_types
 
 
 def _uri(original: str, path: str) -> str:
@@ -63,24 +64,39 @@ def list_inputs(spec: JobSpec) -> list[tuple[str, str, int]]:
     return [(uri, fmt, size) for uri, (fmt, size) in sorted(found.items())]
 
 
+def _layout(uri: str, fmt: str, options: dict) -> tuple[pa.Schema, list[int] | None]:
+    """(schema, rows per row group), the latter None for formats without row groups."""
+    fs, path = storage.resolve(uri, options)
+    if fmt == "parquet":
+        with fs.open_input_file(path) as fh:
+            meta = pq.ParquetFile(fh).metadata
+        return meta.schema.to_arrow_schema(), [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+    return ds.dataset(path, format=DATASET_FORMAT[fmt], filesystem=fs).schema, None
+
+
 def plan_units(spec: JobSpec, files: list[tuple[str, str, int]]) -> list[Unit]:
-    """Parquet files split at row-group boundaries into units of about `unit_rows`;
-    other formats are one unit per file."""
+    """Parquet files split at row-group boundaries into units of about `unit_rows`; other
+    formats are one unit per file. A text column of a non-text type fails here, before any
+    model loads; an unreadable file becomes one unit whose worker reports the error, so it
+    is recorded as failed with the rest of the job still done. Zero-row files plan no unit."""
+    text_columns = [c for c in (spec.text_column, spec.pair_column) if c]
     units = []
     for f_idx, (uri, fmt, _) in enumerate(files):
-        if fmt != "parquet":
-            units.append(Unit(f"part-{f_idx:05d}-00000", uri, fmt, 0, -1))
-            continue
-        fs, path = storage.resolve(uri, spec.storage_options)
+        whole = Unit(f"part-{f_idx:05d}-00000", uri, fmt, 0, -1)
         try:
-            with fs.open_input_file(path) as fh:
-                meta = pq.ParquetFile(fh).metadata
-        except (OSError, pa.ArrowException) as e:
-            raise InputError(f"cannot read {uri} as Parquet: {e}") from e
+            schema, row_groups = _layout(uri, fmt, spec.storage_options)
+        except (OSError, pa.ArrowException):
+            units.append(whole)
+            continue
+        check_text_types(schema, text_columns, uri)
+        if row_groups is None:
+            units.append(whole)
+            continue
         spans: list[tuple[int, int, list[int]]] = []  # (first row, rows, row groups)
         offset = 0
-        for rg in range(meta.num_row_groups):
-            n = meta.row_group(rg).num_rows
+        for rg, n in enumerate(row_groups):
+            if n == 0:
+                continue
             if not spans or spans[-1][1] + n > spec.unit_rows:
                 spans.append((offset, 0, []))
             first, rows, groups = spans[-1]

@@ -1,4 +1,5 @@
-"""Progress: a tqdm bar on a terminal, periodic one-line logs otherwise (`ray job logs`)."""
+"""Progress: a tqdm bar on a terminal (or `enabled=True`: notebooks), periodic one-line
+logs when not a TTY (what `ray job logs` shows), nothing with `enabled=False`."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from tqdm.auto import tqdm
 
 class Progress:
     def __init__(self, total_units: int, total_rows: int | None, enabled: bool | None, interval: float = 10.0) -> None:
-        self.bar = tqdm(total=total_units, unit="unit", dynamic_ncols=True) if (
-            enabled if enabled is not None else sys.stderr.isatty()) else None
+        bar = sys.stderr.isatty() if enabled is None else enabled
+        self.bar = tqdm(total=total_units, unit="unit", dynamic_ncols=True) if bar else None
+        self.log = enabled is None and not bar
         self.total_units, self.total_rows, self.interval = total_units, total_rows, interval
         self.units = self.rows = self.tokens = 0
         self.start = self.last_log = time.monotonic()
@@ -23,6 +25,7 @@ class Progress:
         if self.bar is not None:
             self.bar.set_postfix(rows=self.rows, tok_s=f"{rate:,.0f}", refresh=False)
             self.bar.update(1)
+        if not self.log:
             return
         now = time.monotonic()
         if now - self.last_log >= self.interval or self.units == self.total_units:

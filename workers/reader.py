@@ -18,7 +18,7 @@ FORMAT_OF_SUFFIX = {
     ".parquet": "parquet", ".pq": "parquet", ".arrow": "ipc", ".feather": "ipc", ".ipc": "ipc",
     ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".csv": "csv",
 }
-_DATASET_FORMAT = {"ipc": "ipc", "jsonl": "json", "csv": "csv"}
+DATASET_FORMAT = {"ipc": "ipc", "jsonl": "json", "csv": "csv"}
 
 
 class InputError(ValueError):
@@ -45,8 +45,10 @@ def read_unit(unit: Unit, columns: list[str], storage_options: dict | None = Non
             with fs.open_input_file(path) as f:
                 pf = pq.ParquetFile(f)
                 _check_columns(pf.schema_arrow, columns, unit.uri)
+                if not unit.row_groups:  # planned without metadata (unreadable footer): read it all
+                    return pf.read(columns=columns)
                 return pf.read_row_groups(list(unit.row_groups), columns=columns)
-        dataset = ds.dataset(path, format=_DATASET_FORMAT[unit.format], filesystem=fs)
+        dataset = ds.dataset(path, format=DATASET_FORMAT[unit.format], filesystem=fs)
         _check_columns(dataset.schema, columns, unit.uri)
         return dataset.to_table(columns=columns)
     except InputError:
@@ -61,6 +63,21 @@ def _check_columns(schema: pa.Schema, columns: list[str], uri: str) -> None:
         raise InputError(f"{uri}: no column {missing[0]!r}; the file has columns {schema.names}")
 
 
+def _is_text(kind: pa.DataType) -> bool:
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    return (pa.types.is_null(kind) or pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)
+            or pa.types.is_binary(kind) or pa.types.is_large_binary(kind))
+
+
+def check_text_types(schema: pa.Schema, columns: list[str], uri: str) -> None:
+    """Fail early (before any model loads) when a text column exists but holds no text."""
+    for column in columns:
+        if column in schema.names and not _is_text(schema.field(column).type):
+            raise InputError(f"{uri}: column {column!r} has type {schema.field(column).type}; "
+                             "expected a string (or UTF-8 binary) column")
+
+
 def text_column(table: pa.Table, column: str, uri: str) -> tuple[list[str | None], list[str | None]]:
     """(texts, reasons): texts with None where a row is unusable, and the reason for it.
 
@@ -69,6 +86,8 @@ def text_column(table: pa.Table, column: str, uri: str) -> tuple[list[str | None
     """
     col = table.column(column)
     kind = col.type
+    if pa.types.is_null(kind):  # e.g. a JSON field that is null in every row
+        return [None] * len(col), ["null text"] * len(col)
     if pa.types.is_dictionary(kind):
         col, kind = col.cast(kind.value_type), kind.value_type
     if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind):
@@ -85,5 +104,6 @@ def text_column(table: pa.Table, column: str, uri: str) -> tuple[list[str | None
             except UnicodeDecodeError as e:
                 texts.append(None), reasons.append(f"invalid UTF-8 at byte {e.start}")
         return texts, reasons
-    raise InputError(f"{uri}: column {column!r} has type {kind}; expected a string (or UTF-8 binary) column")
+    check_text_types(table.schema, [column], uri)
+    raise AssertionError("unreachable: check_text_types raised")
 

@@ -20,7 +20,11 @@ def resolve(uri: str, options: dict | None = None) -> tuple[pafs.FileSystem, str
     scheme = urlparse(uri).scheme
     if scheme in _SCHEMES and options:
         parsed = urlparse(uri)
-        return _SCHEMES[scheme](**options), unquote(f"{parsed.netloc}{parsed.path}").rstrip("/")
+        try:
+            fs = _SCHEMES[scheme](**options)
+        except TypeError as e:  # an unknown or mistyped option: say which filesystem took it
+            raise ValueError(f"storage_options for {scheme}:// rejected by {_SCHEMES[scheme].__name__}: {e}") from e
+        return fs, unquote(f"{parsed.netloc}{parsed.path}").rstrip("/")
     if scheme and len(scheme) > 1:
         fs, path = pafs.FileSystem.from_uri(uri)
         return fs, path.rstrip("/")
