@@ -90,7 +90,7 @@ def run_pooljobs(model_dir: Path, corpus: Path, out: Path, pooling: str) -> tupl
 
     init_ray(None)
     spec = JobSpec(input=str(corpus), output=str(out), model=str(model_dir), id_column="id", pooling=pooling,
-                   normalize=True, num_workers=1, overwrite=True, unit_rows=20_000, progress=False)
+                   normalize=True, num_workers=1, overwrite=True, unit_rows=20_000, progress=None)
     outcome = run_job(spec)
     assert outcome.ok, outcome.failed
     table = pq.read_table(out, columns=["id", "embedding"]).sort_by("id")
@@ -164,7 +164,9 @@ def main() -> None:
         model_dir = build_model(shape, args.tokenizer, root)
         flops = float(flops_per_row(shape, lengths).sum())
         pj_s, report, pj_emb = run_pooljobs(model_dir, corpus, root / f"out-{shape}", pooling)
+        print(f"#   {shape}: pooljobs {pj_s:.1f}s", flush=True)
         plain_s, ref = run_plain(model_dir, texts, pooling)
+        print(f"#   {shape}: transformers loop {plain_s:.1f}s", flush=True)
         st = {b: run_st(model_dir, texts, b, pooling)[0] for b in ((32, 256) if shape == "bert-base" else (256,))}
         cos = (pj_emb * ref).sum(1) / (np.linalg.norm(pj_emb, axis=1) * np.linalg.norm(ref, axis=1))
         rows = [("pooljobs e2e", pj_s), ("transformers loop", plain_s)] + [(f"ST encode b{b}", s) for b, s in st.items()]

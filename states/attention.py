@@ -101,7 +101,8 @@ def varlen_attention_forward(
         key = key.repeat_interleave(n_q // n_kv, dim=1)
         value = value.repeat_interleave(n_q // n_kv, dim=1)
     q, k, v = query[0], key[0], value[0]  # (H, T, D)
-    extra = _varlen_kwargs(window) if query.is_cuda else None
+    # FlashAttention takes fp16/bf16 only; fp32 (reference runs) takes the exact loop.
+    extra = _varlen_kwargs(window) if query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) else None
     if extra is not None:
         max_len = int(max_length_q) if max_length_q is not None else int((cu_seq_lens_q[1:] - cu_seq_lens_q[:-1]).max())
         out = _varlen_attn(

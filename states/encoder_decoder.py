@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from states.interface import Execution, ModelState, Pack, from_padded, to_padded
+from states.interface import Execution, ModelState, Pack, find_pretrained, from_padded, to_padded
 
 
 class EncoderDecoderState(ModelState):
@@ -16,7 +16,7 @@ class EncoderDecoderState(ModelState):
 
     def __init__(self, model: nn.Module, execution: Execution = "auto") -> None:
         super().__init__(model, execution)
-        self.encoder = model.get_encoder()
+        self.encoder = find_pretrained(model).get_encoder()  # through PEFT / user wrappers
 
     def hidden_states(self, pack: Pack) -> torch.Tensor:
         padded = to_padded(pack, self.pad_id)

@@ -108,6 +108,10 @@ class ModelState(ABC):
         self.config = find_config(model)
         self.packed = self.supports_packed and execution != "padded"
         self.pad_id = self.config.pad_token_id if self.config.pad_token_id is not None else 0
+        # Nothing is decoded after a pooling forward: a KV / SSM cache (which decoders
+        # build by default) would only hold memory the size of the pack's activations.
+        if getattr(self.config, "use_cache", False):
+            self.config.use_cache = False
 
     @property
     def execution(self) -> str:

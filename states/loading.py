@@ -22,6 +22,10 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 
 _SAFE_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
 _PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
+_TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "tokenizer.model", "spiece.model",
+    "sentencepiece.bpe.model",
+)
 
 
 class ModelLoadError(ValueError):
@@ -141,6 +145,10 @@ def load_tokenizer(model_dir: Path, trust_remote_code: bool = False):
     """The fast (Rust) tokenizer: batch encoding without padding needs it."""
     from transformers import AutoTokenizer
 
+    # Without any tokenizer file transformers builds an empty tokenizer for the model
+    # type (every word becomes <unk>) instead of failing.
+    if not any((model_dir / name).exists() for name in _TOKENIZER_FILES):
+        raise ModelLoadError(f"{model_dir} has no tokenizer (looked for {_TOKENIZER_FILES})")
     try:
         tok = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code, local_files_only=True)
     except (OSError, ValueError) as e:

@@ -16,6 +16,7 @@ from states.interface import Execution, ModelState, Pack
 from states.loading import (
     DTYPES, SentenceSettings, Task, check_model_dir, fingerprint, load_model, load_tokenizer, read_sentence_settings,
 )
+from states.packed import position_offset
 from states.pooling import check_mode, finish, pool
 
 
@@ -54,14 +55,14 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return DTYPES[dtype]
 
 
-def _max_length(settings: SentenceSettings, tokenizer, config, requested: int | None) -> int:
+def _max_length(settings: SentenceSettings, tokenizer, state: ModelState, requested: int | None) -> int:
     """The longest sequence the model can take: sentence-transformers' setting, else the
-    tokenizer's, capped by the position table (less RoBERTa's reserved offset)."""
+    tokenizer's, capped by the position table (less the positions RoBERTa-style
+    embeddings reserve, as the packed path offsets them)."""
     limits = [v for v in (settings.max_seq_length, getattr(tokenizer, "model_max_length", None)) if v and v < 1e6]
-    positions = getattr(config, "max_position_embeddings", None)
+    positions = getattr(state.config, "max_position_embeddings", None)
     if positions:
-        offset = (config.pad_token_id + 1) if config.model_type in ("roberta", "xlm-roberta", "camembert") else 0
-        limits.append(positions - offset)
+        limits.append(positions - position_offset(state.model))
     model_max = min(limits) if limits else 512
     if requested is None:
         return model_max
@@ -70,11 +71,24 @@ def _max_length(settings: SentenceSettings, tokenizer, config, requested: int | 
     return requested
 
 
+def _execution(options: ModelOptions) -> Execution:
+    """Classification heads read fixed positions of a padded batch (`ModelState.logits`),
+    so only embeddings run packed; the packed attention cannot serve a padded forward."""
+    if options.task == "embed":
+        return options.execution
+    if options.execution == "packed":
+        raise ValueError(
+            f"execution='packed' is for task='embed'; task={options.task!r} runs padded (use 'auto' or 'padded')"
+        )
+    return "padded"
+
+
 class Runtime:
     """Everything a worker needs to turn packs into outputs for one model."""
 
     def __init__(self, options: ModelOptions) -> None:
         self.options = options
+        execution = _execution(options)
         self.model_dir = check_model_dir(options.model, options.allow_pickle)
         self.device = resolve_device(options.device)
         self.dtype = resolve_dtype(options.dtype, self.device)
@@ -84,8 +98,8 @@ class Runtime:
             self.model_dir, options.task, self.dtype, self.device,
             trust_remote_code=options.trust_remote_code, allow_pickle=options.allow_pickle,
         )
-        self.state: ModelState = init_model_state(model, options.execution, options.state)
-        self.max_length = _max_length(self.settings, self.tokenizer, self.state.config, options.max_length)
+        self.state: ModelState = init_model_state(model, execution, options.state)
+        self.max_length = _max_length(self.settings, self.tokenizer, self.state, options.max_length)
         self.pooling = check_mode(
             (self.settings.pooling or self.state.default_pooling) if options.pooling == "auto" else options.pooling
         )
