@@ -151,7 +151,10 @@ def main() -> None:
     pq.write_table(pa.table({"id": np.arange(len(texts)), "text": texts}), corpus, row_group_size=5000)
     from tokenizers import Tokenizer
 
-    lengths = np.array([len(e.ids) for e in Tokenizer.from_file(str(args.tokenizer / "tokenizer.json")).encode_batch(texts)])
+    counter = Tokenizer.from_file(str(args.tokenizer / "tokenizer.json"))
+    counter.no_padding()  # the shipped tokenizer.json pads and truncates to 128
+    counter.enable_truncation(512)
+    lengths = np.array([len(e.ids) for e in counter.encode_batch(texts)])
     tokens = int(lengths.sum())
     print(f"# {torch.cuda.get_device_name()} | torch {torch.__version__} | {platform.node()}")
     print(f"# corpus: {len(texts):,} docs, {tokens:,} tokens, mean {lengths.mean():.0f}, p50 {np.median(lengths):.0f}, "

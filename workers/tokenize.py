@@ -19,7 +19,7 @@ class Encoded:
     """Token ids of a batch's sequences, unpadded; several per text when chunking."""
 
     ids: list[np.ndarray]  # M arrays of (L_i,) int64
-    type_ids: list[np.ndarray] | None  # M arrays of (L_i,), or None when the model takes none
+    type_ids: list[np.ndarray] | None  # M arrays of (L_i,); None for single texts or models without types
     truncated: np.ndarray  # (N,) bool: the text was longer than max_length
     source: np.ndarray  # (M,) int64: index of the text each sequence comes from
     chunk: np.ndarray  # (M,) int32: window number within its text (0 without chunking)
@@ -56,5 +56,7 @@ class BatchTokenizer:
         else:
             source, chunk = np.arange(len(encodings)), np.zeros(len(encodings), dtype=np.int32)
         ids = [np.asarray(e.ids, dtype=np.int64) for e in encodings]
-        type_ids = [np.asarray(e.type_ids, dtype=np.int64) for e in encodings] if self.with_type_ids else None
+        # Single texts have all-zero token types, which is also the models' default: skip them.
+        with_types = self.with_type_ids and pairs is not None
+        type_ids = [np.asarray(e.type_ids, dtype=np.int64) for e in encodings] if with_types else None
         return Encoded(ids, type_ids, truncated, source.astype(np.int64), chunk)

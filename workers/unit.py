@@ -31,6 +31,7 @@ from workers.writer import output_columns, write_table
 
 VERSION = "0.1.0"
 MAX_SEQS_PER_PACK = 4096
+FIRST_WINDOW_ROWS = 1024
 
 
 class RowError(ValueError):
@@ -133,7 +134,10 @@ class UnitRunner:
 
         good = np.array([i for i, r in enumerate(reasons) if r is None], dtype=np.int64)
         bad = {i: r for i, r in enumerate(reasons) if r is not None}
-        windows = [good[s : s + spec.window_rows] for s in range(0, len(good), spec.window_rows)]
+        # A small first window gets the device busy sooner; the rest sort and pack in full windows.
+        first = min(FIRST_WINDOW_ROWS, spec.window_rows)
+        windows = [good[:first]] + [good[s : s + spec.window_rows] for s in range(first, len(good), spec.window_rows)]
+        windows = [w for w in windows if len(w)]
 
         def tokenize(rows: np.ndarray):
             t = time.perf_counter()

@@ -56,7 +56,7 @@ def output_columns(outputs: dict[str, np.ndarray], output_dtype: str, labels: li
 def serialize(table: pa.Table) -> tuple[pa.Buffer, str]:
     """Parquet bytes of `table` and their sha256."""
     sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, compression="zstd")
+    pq.write_table(table, sink, compression="lz4")  # embeddings barely compress; zstd cost more than it saved
     buf = sink.getvalue()
     return buf, hashlib.sha256(memoryview(buf)).hexdigest()
 
