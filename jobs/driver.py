@@ -58,7 +58,7 @@ def run_job(spec: JobSpec) -> Outcome:
     manifest.prepare(identity(spec, files, units), spec.overwrite)
     committed = manifest.committed()
     todo = [u for u in units if u.name not in committed]
-    progress = Progress(len(todo), None, spec.progress)
+    progress = Progress(len(todo), spec.progress)
     failed: dict[str, str] = {}
     run: dict = {"workers": [], "run_seconds": 0.0}
 

@@ -107,9 +107,6 @@ class Manifest:
     def job(self) -> dict | None:
         return self._read_json(JOB_FILE)
 
-    def report(self) -> dict | None:
-        return self._read_json(REPORT)
-
 
 def _differences(old: dict, new: dict, prefix: str = "") -> list[str]:
     """Dotted keys whose values differ, nested mappings included: `options.dim`, not `options`."""

@@ -10,11 +10,11 @@ from tqdm.auto import tqdm
 
 
 class Progress:
-    def __init__(self, total_units: int, total_rows: int | None, enabled: bool | None, interval: float = 10.0) -> None:
+    def __init__(self, total_units: int, enabled: bool | None, interval: float = 10.0) -> None:
         bar = sys.stderr.isatty() if enabled is None else enabled
         self.bar = tqdm(total=total_units, unit="unit", dynamic_ncols=True) if bar else None
         self.log = enabled is None and not bar
-        self.total_units, self.total_rows, self.interval = total_units, total_rows, interval
+        self.total_units, self.interval = total_units, interval
         self.units = self.rows = self.tokens = 0
         self.start = self.last_log = time.monotonic()
 

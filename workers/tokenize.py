@@ -28,6 +28,19 @@ class Encoded:
     def lengths(self) -> np.ndarray:
         return np.fromiter((len(x) for x in self.ids), dtype=np.int64, count=len(self.ids))  # (M,)
 
+    def without_empty(self) -> tuple[Encoded, np.ndarray]:
+        """(this batch less zero-token sequences, indices of the texts left with none).
+
+        An empty text through a tokenizer that adds no special tokens (many decoders)
+        has nothing to pool; such texts are reported instead of given a garbage vector."""
+        lengths = self.lengths
+        if lengths.all():
+            return self, np.zeros(0, np.int64)
+        keep = np.flatnonzero(lengths > 0)
+        empty = np.setdiff1d(self.source[lengths == 0], self.source[keep])
+        types = None if self.type_ids is None else [self.type_ids[i] for i in keep]
+        return Encoded([self.ids[i] for i in keep], types, self.truncated, self.source[keep], self.chunk[keep]), empty
+
 
 class BatchTokenizer:
     """Wraps a transformers fast tokenizer's backend for unpadded, truncated batches."""

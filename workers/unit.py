@@ -143,7 +143,10 @@ class UnitRunner:
             t = time.perf_counter()
             enc, rejected, why = self._encode([texts[i] for i in rows], None if pairs is None else [pairs[i] for i in rows])
             kept = np.delete(rows, rejected)
-            return enc, kept, dict(zip(rows[rejected].tolist(), why)), time.perf_counter() - t
+            enc, empty = enc.without_empty()
+            reasons = dict(zip(rows[rejected].tolist(), why))
+            reasons.update({int(kept[i]): "no tokens (empty text, and the tokenizer adds no special tokens)" for i in empty})
+            return enc, kept, reasons, time.perf_counter() - t
 
         pieces: list[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]] = []  # (unit rows, chunk numbers, outputs)
         tokens = padded = truncated = 0

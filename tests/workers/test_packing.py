@@ -35,3 +35,11 @@ def test_build_pack_layout():
     assert pack.cu_seqlens.tolist() == [0, 3, 5, 6]
     assert pack.token_type_ids.tolist() == [0, 0, 0, 0, 0, 1]
     assert pack.max_len == 3
+
+
+def test_texts_without_tokens_are_dropped_and_named():
+    enc = Encoded([np.array([1, 2]), np.zeros(0, np.int64), np.array([3])], None, np.zeros(3, bool), np.arange(3),
+                  np.zeros(3, np.int32))
+    kept, empty = enc.without_empty()
+    assert empty.tolist() == [1]
+    assert kept.source.tolist() == [0, 2] and [x.tolist() for x in kept.ids] == [[1, 2], [3]]
