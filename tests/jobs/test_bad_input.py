@@ -179,3 +179,42 @@ def test_disk_error_names_the_path_and_rerun_resumes(make_spec, tmp_path, monkey
     monkeypatch.setattr(workers.unit, "write_table", real)
     second = run_job(spec)
     assert second.ok and second.report["units_run_now"] == 1
+
+
+def test_input_values_never_become_paths(make_spec, tmp_path):
+    src = tmp_path / "in" / "weird name #1.parquet"
+    src.parent.mkdir()
+    pq.write_table(pa.table({"id": ["../../escape", "/etc/passwd"], "text": ["a", None]}), src)
+    out = tmp_path / "o"
+    assert run_job(make_spec(out, input=str(src.parent), backend="local")).ok
+    written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file() and "in" not in p.parts)
+    assert written == ["o/_SUCCESS", "o/_errors/part-00000-00000.parquet", "o/_job.json", "o/_manifest/part-00000-00000.json",
+                       "o/_report.json", "o/part-00000-00000.parquet"]
+
+
+def test_remote_code_and_pickle_refused_by_default(make_spec, tiny_bert, tmp_path):
+    import json as _json
+    import shutil
+
+    from states.loading import ModelLoadError
+
+    # A known model type that also names custom code: the built-in class loads, the file never runs.
+    remote = tmp_path / "remote"
+    shutil.copytree(tiny_bert, remote)
+    config = _json.loads((remote / "config.json").read_text())
+    config["auto_map"] = {"AutoConfig": "modeling_evil.EvilConfig", "AutoModel": "modeling_evil.EvilModel"}
+    (remote / "config.json").write_text(_json.dumps(config))
+    (remote / "modeling_evil.py").write_text("raise SystemExit('remote code ran')\n")
+    assert run_job(make_spec(tmp_path / "o1", model=str(remote), backend="local")).ok
+    # An unknown model type that only custom code defines: refused, saying how to allow it.
+    config["model_type"] = "evil-bert"
+    (remote / "config.json").write_text(_json.dumps(config))
+    with pytest.raises(ModelLoadError, match="trust.remote.code"):
+        run_job(make_spec(tmp_path / "o3", model=str(remote), backend="local"))
+
+    pickled = tmp_path / "pickled"
+    shutil.copytree(tiny_bert, pickled)
+    (pickled / "model.safetensors").unlink()
+    (pickled / "pytorch_model.bin").write_bytes(b"not even read")
+    with pytest.raises(ModelLoadError, match="allow-pickle"):
+        run_job(make_spec(tmp_path / "o2", model=str(pickled), backend="local"))
