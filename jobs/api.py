@@ -22,7 +22,7 @@ process can read and write (s3://, gs://, a shared mount; `storage_options` appl
 staged files are removed when the call returns, Ctrl-C included.
 
 Ray: `backend="auto"` (or "ray") uses the connected Ray, else connects to `address=`,
-else starts a local Ray on loopback and keeps it for later calls, as Ray Data does
+else starts a local Ray (no dashboard, token auth) and keeps it for later calls, as Ray Data does
 (`ray.shutdown()` stops it). Ctrl-C raises KeyboardInterrupt after the driver has killed
 the job's actors; an `output=` directory keeps its committed shards and resumes on the
 next call. `backend="local"` runs in this process without Ray.

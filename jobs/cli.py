@@ -81,6 +81,9 @@ def summarize(outcome) -> str:
              f"{r['rows_quarantined']:,} quarantined, {r['rows_truncated']:,} truncated -> {outcome.output}"]
     if r["units_run_now"]:
         lines.append(f"pooljobs: {r['rows_per_s']:,.0f} rows/s, {r['tokens_per_s']:,.0f} tokens/s over {r['wall_seconds']:.1f}s")
+    if r["duplicate_ids_within_units"]:
+        lines.append(f"pooljobs: {r['duplicate_ids_within_units']:,} rows repeat an id already seen in their unit "
+                     "(all kept; `python -m jobs.verify` counts repeats across the whole output)")
     for f in r["units_failed"]:
         lines.append(f"pooljobs: FAILED {f['unit']} ({f['file']}): {f['error']}")
     return "\n".join(lines)

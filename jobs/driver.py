@@ -117,9 +117,14 @@ def _run_local(spec: JobSpec, units: list[Unit], on_result: Callable, failed: di
     return {"workers": [info], "run_seconds": time.perf_counter() - t}
 
 
-def init_ray(address: str | None):
-    """Connect to the given cluster, the one a submitted job runs in, or start a local
-    Ray on loopback. Returns True when this call started Ray (and should stop it)."""
+def init_ray(address: str | None) -> bool:
+    """Connect to the given cluster, the one a submitted job runs in, or start a local Ray.
+    Returns True when this call started Ray (and should stop it).
+
+    A local Ray starts without its dashboard. Its gRPC servers cannot be held to loopback
+    (Ray 2.60 turns a 127.0.0.1 node address into the host's routable one and binds its
+    core servers there): Ray's token authentication, on by default, is what guards them.
+    """
     import ray
 
     if ray.is_initialized():
@@ -129,7 +134,7 @@ def init_ray(address: str | None):
         ray.init(address=address)
         return False
     ray.init(
-        address="local", _node_ip_address="127.0.0.1", include_dashboard=False,
+        address="local", include_dashboard=False,
         runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}},
     )
     return True
@@ -137,7 +142,7 @@ def init_ray(address: str | None):
 
 def _run_ray(spec: JobSpec, units: list[Unit], on_result: Callable, failed: dict) -> dict:
     import ray
-    from ray.exceptions import RayActorError, RayTaskError
+    from ray.exceptions import RayError
 
     from workers.actor import WorkerActor
 
@@ -170,7 +175,7 @@ def _run_ray(spec: JobSpec, units: list[Unit], on_result: Callable, failed: dict
                 load[i] -= 1
                 try:
                     on_result(ray.get(ref))
-                except (RayTaskError, RayActorError) as e:
+                except RayError as e:  # task errors, dead actors, lost objects or nodes
                     cause = getattr(e, "cause", None)  # the worker's own exception, for task errors
                     _settle(unit, cause if isinstance(cause, Exception) else e, attempts, spec, failed, queue)
         return {"workers": infos, "run_seconds": time.perf_counter() - t}
@@ -204,6 +209,7 @@ def build_report(units: list[Unit], committed: dict, failed: dict, wall: float, 
         "units_failed": [{"unit": n, "file": unit_file[n], "error": e} for n, e in sorted(failed.items())],
         "rows": rows, "rows_quarantined": sum(r["errors"] for r in records), "tokens": tokens,
         "rows_truncated": sum(r["truncated"] for r in records),
+        "duplicate_ids_within_units": sum(r.get("duplicate_ids", 0) for r in records),
         "padding_efficiency": tokens / padded if padded else None,
         "wall_seconds": wall, "rows_per_s": rows_now / wall, "tokens_per_s": tokens_now / wall,
         "stage_seconds": {k: sum(r["seconds"].get(k, 0.0) for r in records) for k in ("read", "tokenize", "forward", "write")},

@@ -68,7 +68,7 @@ class JobSpec:
     max_retries: int = _f(3, "times a failing unit is retried before it is recorded as failed")
     overwrite: bool = _f(False, "replace an output directory written with other settings or by something else")
     backend: str = _f("auto", "ray (actors), local (in this process), or auto", BACKENDS)
-    address: str | None = _f(None, "Ray address (default: the job's cluster, else a local Ray on loopback)")
+    address: str | None = _f(None, "Ray address (default: the job's cluster, else a local Ray without dashboard)")
     storage_options: dict = _f({}, "pyarrow.fs options for URIs, e.g. {endpoint_override: ..., region: ...}")
     progress: bool | None = _f(None, "progress bar (default: on a terminal; log lines otherwise)")
 

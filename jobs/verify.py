@@ -35,6 +35,7 @@ class Verification:
     problems: list[str] = field(default_factory=list)
     rows: int = 0
     quarantined: int = 0
+    duplicate_ids: int = 0  # rows repeating an id of the input (reported; every row is still kept once)
     min_cos: float | None = None
 
     @property
@@ -108,15 +109,15 @@ def verify(output: str, storage_options: dict | None = None, reference: int = 0,
             result.problems.append(f"{unit.name}: output + quarantine rows differ from the input rows of {unit.uri}")
         elif not _is_subsequence(keys, expected):
             result.problems.append(f"{unit.name}: rows are not in input order")
-        if spec.id_column is None:
-            seen.update(keys)
+        seen.update(keys)
         result.rows += len(keys)
         result.quarantined += len(bad)
     if len(schemas) > 1:
         result.problems.append(f"shards have {len(schemas)} different schemas")
     duplicates = [k for k, n in seen.items() if n > 1]
-    if duplicates:
+    if duplicates and spec.id_column is None:  # row keys are unique by construction
         result.problems.append(f"{len(duplicates)} row keys appear more than once, e.g. {duplicates[0]}")
+    result.duplicate_ids = sum(seen[k] - 1 for k in duplicates) if spec.id_column else 0
     if reference and shards:
         result.min_cos = _reference_check(spec, units, shards, reference, seed)
         if result.min_cos < REFERENCE_MIN_COS:
@@ -166,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     options = dict(kv.split("=", 1) for kv in args.storage_option)
     result = verify(args.output, options, args.reference, args.seed)
-    print(f"jobs.verify: {result.rows:,} rows, {result.quarantined:,} quarantined"
+    print(f"jobs.verify: {result.rows:,} rows, {result.quarantined:,} quarantined, {result.duplicate_ids:,} repeated ids"
           + (f", reference min cosine {result.min_cos:.6f}" if result.min_cos is not None else ""))
     for problem in result.problems:
         print(f"jobs.verify: PROBLEM {problem}")

@@ -7,7 +7,6 @@ a Ray actor); `Runtime.compute(pack)` turns a pack into the task's output tensor
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 

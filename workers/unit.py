@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 
 from jobs.spec import JobSpec
@@ -48,6 +49,7 @@ class UnitResult:
     tokens: int  # real tokens forwarded
     padded_tokens: int  # tokens the device computed, padding included
     truncated: int  # rows longer than max_length (truncated, or split with overlong="chunk")
+    duplicate_ids: int  # rows whose id already appeared earlier in this unit (all are kept)
     checksum: str  # sha256 of the shard file
     bytes: int
     schema: str
@@ -182,7 +184,8 @@ class UnitRunner:
             self._write_errors(unit, key_name, keys, bad)
         nbytes, checksum = write_table(storage.join(self._out(), f"{unit.name}.parquet"), shard, spec.storage_options)
         clock["write"] = time.perf_counter() - t
-        return UnitResult(unit.name, shard.num_rows, len(bad), tokens, padded, truncated, checksum, nbytes,
+        duplicates = len(keys) - len(pc.unique(keys)) if spec.id_column else 0
+        return UnitResult(unit.name, shard.num_rows, len(bad), tokens, padded, truncated, duplicates, checksum, nbytes,
                           shard.schema.remove_metadata().to_string(), self.worker, clock)
 
     def _assemble(self, pieces: list) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:

@@ -5,7 +5,7 @@ The model is random (hidden 32, 2 layers) but tokenizes with all-MiniLM-L6-v2's 
 WordPiece files, so texts get realistic, varied lengths. The corpus is two files of 16
 row groups each; `unit_rows=200` plans 16 units (8 per file).
 
-Helpers are fixtures (not imports) so the test modules depend on nothing but pytest.
+Helpers are fixtures; the model builder is shared with the other jobs tests (fixtures_models).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-import shutil
 import threading
 from pathlib import Path
 from typing import Callable, Sequence
@@ -27,8 +26,8 @@ import pytest
 
 from jobs.driver import REPO_ROOT, run_job
 from jobs.spec import JobSpec
+from tests.jobs.fixtures_models import save_tiny_bert
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
 FILES, ROWS_PER_FILE, ROW_GROUP, UNIT_ROWS = 2, 1600, 100, 200
 WORDS = ("the a pooling job embeds every row exactly once across workers nodes and retries shards commit "
          "manifest resume driver actor killed restarted output parquet token budget window pack forward").split()
@@ -47,19 +46,7 @@ def _texts(n: int, seed: int) -> list[str]:
 @pytest.fixture(scope="session")
 def tiny_bert(tmp_path_factory) -> Path:
     """A random 2-layer BERT (hidden 32) with the real MiniLM WordPiece tokenizer files."""
-    import torch
-    from transformers import BertConfig, BertModel
-
-    from jobs.samples import minilm_path
-
-    path = tmp_path_factory.mktemp("tiny-bert")
-    for name in TOKENIZER_FILES:
-        shutil.copy(minilm_path() / name, path / name)
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=128)
-    BertModel(config).eval().save_pretrained(path, safe_serialization=True)
-    return path
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
 
 
 @pytest.fixture(scope="session")

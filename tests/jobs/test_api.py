@@ -28,7 +28,8 @@ from jobs.driver import run_job
 from jobs.spec import JobSpec, SpecError
 from workers.reader import InputError
 
-from tests.jobs._api_models import LABELS, tiny_bert
+from tests.jobs.fixtures_models import LABELS
+from tests.jobs.fixtures_models import save_tiny_bert as tiny_bert
 
 WORDS = "the pooling job embeds every row once across workers and retries shards manifest resume".split()
 NULL_ROW, EMPTY_ROW = 3, 5

@@ -218,3 +218,29 @@ def test_remote_code_and_pickle_refused_by_default(make_spec, tiny_bert, tmp_pat
     (pickled / "pytorch_model.bin").write_bytes(b"not even read")
     with pytest.raises(ModelLoadError, match="allow-pickle"):
         run_job(make_spec(tmp_path / "o2", model=str(pickled), backend="local"))
+
+
+def test_duplicate_ids_are_reported_and_kept(make_spec, tmp_path):
+    from jobs.verify import verify
+
+    src = tmp_path / "dups.parquet"
+    pq.write_table(pa.table({"id": ["a", "b", "a", "a"], "text": ["one", "two", "three", "four"]}), src)
+    outcome = run_job(make_spec(tmp_path / "o", input=str(src), backend="local"))
+    assert outcome.ok and outcome.report["duplicate_ids_within_units"] == 2 and outcome.report["rows"] == 4
+    assert pq.read_table(tmp_path / "o").column("id").to_pylist() == ["a", "b", "a", "a"]
+    result = verify(str(tmp_path / "o"))
+    assert result.ok and result.duplicate_ids == 2
+
+
+def test_yaml_job_file_flags_override_and_bad_keys_named(make_spec, tmp_path, capsys):
+    import yaml
+
+    spec = make_spec(tmp_path / "unused")
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump({"input": spec.input, "output": str(tmp_path / "o"), "model": spec.model,
+                                   "id_column": "id", "device": "cpu", "backend": "local", "dim": 8, "unit_rows": 800}))
+    assert main("jobs.embed", "", ("embed",), ["--config", str(job), "--dim", "16", "--no-progress"]) == 0
+    assert pq.read_table(tmp_path / "o").schema.field("embedding").type.list_size == 16  # the flag won
+    job.write_text(yaml.safe_dump({"input": "x", "output": "y", "model": "z", "batchsize": 3}))
+    assert main("jobs.embed", "", ("embed",), ["--config", str(job)]) == 2
+    assert "unknown key 'batchsize'" in capsys.readouterr().err

@@ -17,7 +17,8 @@ import nbformat
 from nbclient import NotebookClient
 
 from jobs.driver import REPO_ROOT
-from tests.jobs._api_models import LABELS, tiny_bert
+from tests.jobs.fixtures_models import LABELS
+from tests.jobs.fixtures_models import save_tiny_bert as tiny_bert
 
 NOTEBOOK = REPO_ROOT / "examples" / "batch_scoring.ipynb"
 

@@ -2,7 +2,6 @@
 
 import shutil
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
