@@ -160,8 +160,8 @@ class UnitRunner:
             bad.update(rejected)
             lengths = enc.lengths
             tokens, truncated = tokens + int(lengths.sum()), truncated + int(enc.truncated.sum())
-            t = time.perf_counter()
-            with self._device_lock:
+            with self._device_lock:  # the forward clock starts once the device is ours
+                t = time.perf_counter()
                 results = [r for plan in plan_packs(lengths, self.max_tokens, MAX_SEQS_PER_PACK) for r in self._forward(enc, plan)]
                 host = [(rows, {k: v.cpu().numpy() for k, v in out.items()}) for rows, out in results]
             clock["forward"] += time.perf_counter() - t
