@@ -55,7 +55,8 @@ def run_job(spec: JobSpec) -> Outcome:
     files = list_inputs(spec)
     units = plan_units(spec, files)
     manifest = Manifest(spec.output, spec.storage_options)
-    manifest.prepare(identity(spec, files, units), spec.overwrite)
+    job = identity(spec, files, units)
+    manifest.prepare(job, spec.overwrite)
     committed = manifest.committed()
     todo = [u for u in units if u.name not in committed]
     progress = Progress(len(todo), spec.progress)
@@ -71,7 +72,7 @@ def run_job(spec: JobSpec) -> Outcome:
     try:
         if todo:
             runner = _run_local if _backend(spec) == "local" else _run_ray
-            run = runner(spec, todo, on_result, failed)
+            run = runner(spec, job["model_sha256"], todo, on_result, failed)
     finally:
         progress.close()
     report = build_report(units, committed, failed, time.perf_counter() - t0, [u.name for u in todo])
@@ -98,9 +99,9 @@ def _settle(unit: Unit, error: BaseException, attempts: Counter, spec: JobSpec, 
         queue.clear()
 
 
-def _run_local(spec: JobSpec, units: list[Unit], on_result: Callable, failed: dict) -> dict:
+def _run_local(spec: JobSpec, model_sha256: str, units: list[Unit], on_result: Callable, failed: dict) -> dict:
     t = time.perf_counter()
-    runner = UnitRunner(spec)
+    runner = UnitRunner(spec, model_sha256=model_sha256)
     info = {"worker": runner.worker, "load_seconds": time.perf_counter() - t, "max_tokens": runner.max_tokens}
     attempts: Counter = Counter()
     queue = deque(units)
@@ -140,7 +141,7 @@ def init_ray(address: str | None) -> bool:
     return True
 
 
-def _run_ray(spec: JobSpec, units: list[Unit], on_result: Callable, failed: dict) -> dict:
+def _run_ray(spec: JobSpec, model_sha256: str, units: list[Unit], on_result: Callable, failed: dict) -> dict:
     import ray
     from ray.exceptions import RayError
 
@@ -155,7 +156,7 @@ def _run_ray(spec: JobSpec, units: list[Unit], on_result: Callable, failed: dict
         num_gpus=1 if use_gpu else 0, num_cpus=0 if use_gpu else 1, max_concurrency=IN_FLIGHT,
         max_restarts=-1, max_task_retries=spec.max_retries,
     )
-    actors = [actor_cls.remote(spec) for _ in range(count)]
+    actors = [actor_cls.remote(spec, model_sha256) for _ in range(count)]
     try:
         infos = ray.get([a.info.remote() for a in actors])
         t = time.perf_counter()

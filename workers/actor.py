@@ -16,9 +16,9 @@ from workers.unit import UnitResult, UnitRunner
 
 
 class WorkerActor:
-    def __init__(self, spec: JobSpec) -> None:
+    def __init__(self, spec: JobSpec, model_sha256: str | None = None) -> None:
         t = time.perf_counter()
-        self.runner = UnitRunner(spec)
+        self.runner = UnitRunner(spec, model_sha256=model_sha256)
         self.load_seconds = time.perf_counter() - t
 
     def info(self) -> dict:

@@ -74,7 +74,9 @@ def default_max_tokens(runtime: Runtime) -> int:
 
 
 class UnitRunner:
-    def __init__(self, spec: JobSpec, runtime: Runtime | None = None) -> None:
+    def __init__(self, spec: JobSpec, runtime: Runtime | None = None, model_sha256: str | None = None) -> None:
+        """`model_sha256`: the driver's hash of the model files, so each worker need not
+        read all the weights again to stamp its shards (computed here when absent)."""
         self.spec = spec
         self.runtime = runtime or Runtime(spec.model_options)
         self.tokenize = BatchTokenizer(self.runtime.tokenizer, self.runtime.max_length, self.runtime.prompt,
@@ -84,7 +86,7 @@ class UnitRunner:
         self._device_lock = threading.Lock()
         self._prefetch = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize")
         self.metadata = {"pooljobs_version": VERSION, **self.runtime.provenance(),
-                         "output_dtype": spec.output_dtype, "model_sha256": self.runtime.fingerprint()}
+                         "output_dtype": spec.output_dtype, "model_sha256": model_sha256 or self.runtime.fingerprint()}
 
     # -- the stages -----------------------------------------------------------------
     def _texts(self, unit: Unit, table: pa.Table) -> tuple[list, list | None, list[str | None]]:
