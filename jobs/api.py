@@ -104,6 +104,9 @@ def _run(task: str, data, model, text_column: str, pair_column: str | None, outp
               "task": task, "text_column": text_column, "pair_column": pair_column, "backend": backend,
               "address": address, "input": "<data>", "output": output or "<staging>"}
     spec = JobSpec.from_mapping(values, "options")  # the CLI's validation, before any work
+    if spec.overlong == "chunk" and spec.chunk_aggregate == "none" and output is None:
+        raise SpecError("chunk_aggregate='none' writes one row per window, which a row-aligned result cannot "
+                        "hold: pass output= (or use chunk_aggregate='mean')")
     if ROW in (text_column, pair_column):
         raise SpecError(f"{ROW!r} is the row index jobs.{task} adds; rename that text column")
     table = _staged_columns(data, kind, [c for c in (text_column, pair_column, spec.id_column) if c])
@@ -213,9 +216,7 @@ def _results(fs: pafs.FileSystem, path: str, task: str, n: int) -> dict[str, pa.
     position = np.full(n, -1, dtype=np.int64)  # row -> its row in `shards`
     if shards is not None:
         ids = shards.column(ROW).to_numpy()
-        if len(np.unique(ids)) != len(ids):
-            raise SpecError("the job wrote several output rows for some input rows (overlong='chunk' with "
-                            "chunk_aggregate='none'); a row-aligned result cannot hold them: pass output=")
+        assert len(np.unique(ids)) == len(ids), "one output row per input row (checked in _run)"
         position[ids] = np.arange(shards.num_rows)
     reasons = np.full(n, None, dtype=object)
     quarantined = np.zeros(n, dtype=bool)

@@ -192,6 +192,8 @@ def test_bad_calls_raise_the_clis_errors(models):
         jobs.embed(df, model=model, input="x.parquet")
     with pytest.raises(SpecError, match="id_column .* needs output="):
         jobs.embed(df, model=model, id_column="n")
+    with pytest.raises(SpecError, match="chunk_aggregate='none' .* pass output="):
+        jobs.embed(df, model=model, overlong="chunk", chunk_aggregate="none", backend="local")
     with pytest.raises(InputError, match="no column 'body'"):
         jobs.embed(df, model=model, text_column="body", backend="local")
     with pytest.raises(TypeError, match="pandas DataFrame, a polars DataFrame or a pyarrow Table"):
