@@ -1,6 +1,6 @@
 """Throughput benchmark: pooljobs end to end against its anchors, in one process run.
 
-    python -m bench --tokenizer DIR [--docs 40000] [--shapes minilm,bert-base,bert-large,qwen3-0.6b]
+    python -m bench --tokenizer DIR [--docs 40000] [--shapes minilm,bert-base,bert-large,qwen3-0.6b] [--profile]
 
 For each random-init model shape it runs, on the same corpus and GPU:
   * pooljobs end to end: Parquet in -> one Ray GPU actor -> embedding Parquet out
@@ -135,6 +135,37 @@ def run_plain(model_dir: Path, texts: list[str], pooling: str, batch: int = 256)
     return seconds, torch.cat(chunks).numpy()
 
 
+def profile_forward(model_dir: Path, texts: list[str], pooling: str, window: int = 8192) -> None:
+    """Where one window's time goes, in-process: tokenize, pack, and the device's top
+    kernels for the forward (torch.profiler), so a short device lease yields a profile."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from jobs.spec import JobSpec
+    from workers.packing import build_pack, plan_packs
+    from workers.unit import MAX_SEQS_PER_PACK, UnitRunner
+
+    runner = UnitRunner(JobSpec(input="-", output="-", model=str(model_dir), pooling=pooling))
+    batch = texts[:window]
+    t = time.perf_counter()
+    enc = runner.tokenize(batch)
+    tokenize_s = time.perf_counter() - t
+    t = time.perf_counter()
+    packs = [build_pack(enc, plan).pin_memory() for plan in plan_packs(enc.lengths, runner.max_tokens, MAX_SEQS_PER_PACK)]
+    pack_s = time.perf_counter() - t
+    run = lambda: [runner.runtime.compute(p.to("cuda", non_blocking=True)) for p in packs]  # noqa: E731
+    run()  # warm-up
+    forward_s = timed(run)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    tokens = int(enc.lengths.sum())
+    print(f"#   profile {model_dir.name}: {tokens:,} tokens in {len(packs)} packs: tokenize {tokenize_s * 1e3:.0f} ms "
+          f"({tokens / tokenize_s / 1e6:.2f}M/s), pack+pin {pack_s * 1e3:.0f} ms, forward {forward_s * 1e3:.0f} ms "
+          f"({tokens / forward_s / 1e6:.2f}M/s)")
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12))
+    runner.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokenizer", type=Path, required=True, help="directory with a WordPiece tokenizer (BERT vocab)")
@@ -142,6 +173,7 @@ def main() -> None:
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--peak-tflops", type=float, default=792.0, help="measured bf16 matmul peak of the GPU")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--profile", action="store_true", help="also profile one window per shape in-process")
     args = parser.parse_args()
     assert torch.cuda.is_available(), "the benchmark needs a CUDA GPU"
 
@@ -166,6 +198,8 @@ def main() -> None:
         pooling = "last" if SHAPES[shape][5] == "qwen3" else "mean"
         model_dir = build_model(shape, args.tokenizer, root)
         flops = float(flops_per_row(shape, lengths).sum())
+        if args.profile:
+            profile_forward(model_dir, texts, pooling)
         pj_s, report, pj_emb = run_pooljobs(model_dir, corpus, root / f"out-{shape}", pooling)
         print(f"#   {shape}: pooljobs {pj_s:.1f}s", flush=True)
         plain_s, ref = run_plain(model_dir, texts, pooling)
