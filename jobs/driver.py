@@ -71,7 +71,7 @@ def run_job(spec: JobSpec) -> Outcome:
 
     try:
         if todo:
-            runner = _run_local if _backend(spec) == "local" else _run_ray
+            runner = _run_local if spec.backend == "local" else _run_ray  # "auto" and "ray" use Ray
             run = runner(spec, job["model_sha256"], todo, on_result, failed)
     finally:
         progress.close()
@@ -79,12 +79,6 @@ def run_job(spec: JobSpec) -> Outcome:
     report.update(run)
     manifest.finish(report, success=not failed)
     return Outcome(spec.output, report, failed)
-
-
-def _backend(spec: JobSpec) -> str:
-    if spec.backend != "auto":
-        return spec.backend
-    return "ray"
 
 
 def _settle(unit: Unit, error: BaseException, attempts: Counter, spec: JobSpec, failed: dict, queue: deque) -> None:

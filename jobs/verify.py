@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from jobs.manifest import ERRORS_DIR, Manifest
@@ -45,7 +46,7 @@ class Verification:
 
 def _read(uri: str, options: dict) -> bytes | None:
     fs, path = storage.resolve(uri, options)
-    if fs.get_file_info(path).type == 0:  # NotFound
+    if fs.get_file_info(path).type == pafs.FileType.NotFound:
         return None
     with fs.open_input_stream(path) as f:
         return f.read()
@@ -58,9 +59,18 @@ def _input_keys(spec: JobSpec, unit: Unit) -> list:
     return [f"{unit.uri}#{r}" for r in range(unit.row_offset, unit.row_offset + rows)]
 
 
-def _is_subsequence(part: list, whole: list) -> bool:
-    it = iter(whole)
-    return all(any(x == y for y in it) for x in part)
+def _align(part: list, whole: list) -> list[int] | None:
+    """Positions in `whole` of `part`'s items matched in order; None when `part` is not
+    a subsequence (duplicates included, so repeated ids map to the right rows)."""
+    positions, j = [], 0
+    for item in part:
+        while j < len(whole) and whole[j] != item:
+            j += 1
+        if j == len(whole):
+            return None
+        positions.append(j)
+        j += 1
+    return positions
 
 
 def verify(output: str, storage_options: dict | None = None, reference: int = 0, seed: int = 0) -> Verification:
@@ -81,7 +91,7 @@ def verify(output: str, storage_options: dict | None = None, reference: int = 0,
         result.problems.append("the input plans into other units than the job's")
         return result
     records = manifest.committed()
-    schemas, seen, shards = set(), Counter(), {}
+    schemas, seen, shards, positions = set(), Counter(), {}, {}
     for unit in units:
         record = records.get(unit.name)
         if record is None:
@@ -105,10 +115,13 @@ def verify(output: str, storage_options: dict | None = None, reference: int = 0,
         errors = _read(storage.join(output.rstrip("/"), ERRORS_DIR, f"{unit.name}.parquet"), options)
         bad = pq.read_table(pa.BufferReader(errors)).column(key).to_pylist() if errors else []
         expected = _input_keys(spec, unit)
+        aligned = _align(keys, expected)
         if Counter(keys) + Counter(bad) != Counter(expected):
             result.problems.append(f"{unit.name}: output + quarantine rows differ from the input rows of {unit.uri}")
-        elif not _is_subsequence(keys, expected):
+        elif aligned is None:
             result.problems.append(f"{unit.name}: rows are not in input order")
+        else:
+            positions[unit.name] = aligned
         seen.update(keys)
         result.rows += len(keys)
         result.quarantined += len(bad)
@@ -118,15 +131,17 @@ def verify(output: str, storage_options: dict | None = None, reference: int = 0,
     if duplicates and spec.id_column is None:  # row keys are unique by construction
         result.problems.append(f"{len(duplicates)} row keys appear more than once, e.g. {duplicates[0]}")
     result.duplicate_ids = sum(seen[k] - 1 for k in duplicates) if spec.id_column else 0
-    if reference and shards:
-        result.min_cos = _reference_check(spec, units, shards, reference, seed)
+    if reference and positions:
+        result.min_cos = _reference_check(spec, units, shards, positions, reference, seed)
         if result.min_cos < REFERENCE_MIN_COS:
             result.problems.append(f"recomputed rows disagree: min cosine {result.min_cos:.6f} < {REFERENCE_MIN_COS}")
     return result
 
 
-def _reference_check(spec: JobSpec, units: list[Unit], shards: dict[str, pa.Table], n: int, seed: int) -> float:
-    """Recompute `n` sampled rows with the padded float32 reference path; min cosine."""
+def _reference_check(spec: JobSpec, units: list[Unit], shards: dict[str, pa.Table], positions: dict[str, list[int]],
+                     n: int, seed: int) -> float:
+    """Recompute `n` sampled rows with the padded float32 reference path; min cosine.
+    `positions[unit][i]` is the unit's input row of shard row i."""
     from states.runtime import Runtime
     from workers.packing import PackPlan, build_pack
     from workers.tokenize import BatchTokenizer
@@ -137,24 +152,23 @@ def _reference_check(spec: JobSpec, units: list[Unit], shards: dict[str, pa.Tabl
     runtime = Runtime(spec.replace(execution="padded", dtype="float32", device="cpu").model_options)
     tokenize = BatchTokenizer(runtime.tokenizer, runtime.max_length, runtime.prompt)
     rng = np.random.default_rng(seed)
+    picks = [(name, i) for name in positions for i in range(len(positions[name]))]
+    chosen: dict[str, list[int]] = {}
+    for k in sorted(rng.choice(len(picks), size=min(n, len(picks)), replace=False)):
+        chosen.setdefault(picks[k][0], []).append(picks[k][1])
     by_unit = {u.name: u for u in units}
-    picks = [(name, int(i)) for name in shards for i in range(shards[name].num_rows)]
-    picks = [picks[i] for i in rng.choice(len(picks), size=min(n, len(picks)), replace=False)]
     cosines = []
-    for name, i in picks:
-        unit, table = by_unit[name], shards[name]
-        key_name = table.column_names[0]
-        key = table.column(key_name)[i].as_py()
-        source = read_unit(unit, [c for c in (spec.text_column, spec.pair_column) if c] +
-                           ([spec.id_column] if spec.id_column else []), spec.storage_options)
-        row = source.column(spec.id_column).to_pylist().index(key) if spec.id_column else int(key.rsplit("#", 1)[1]) - unit.row_offset
-        text = source.column(spec.text_column)[row].as_py()
-        pair = source.column(spec.pair_column)[row].as_py() if spec.pair_column else None
-        enc = tokenize([text], None if pair is None else [pair])
-        want = runtime.compute(build_pack(enc, PackPlan(np.array([0]))))
-        got = np.asarray(table.column(column)[i].as_py(), dtype=np.float64).reshape(-1)
-        ref = want[column][0].numpy().astype(np.float64).reshape(-1)
-        cosines.append(float(got @ ref / (np.linalg.norm(got) * np.linalg.norm(ref) or 1.0)))
+    for name, rows in chosen.items():  # each sampled unit's input is read once
+        source = read_unit(by_unit[name], [c for c in (spec.text_column, spec.pair_column) if c], spec.storage_options)
+        for i in rows:
+            row = positions[name][i]
+            text = source.column(spec.text_column)[row].as_py()
+            pair = source.column(spec.pair_column)[row].as_py() if spec.pair_column else None
+            enc = tokenize([text], None if pair is None else [pair])
+            want = runtime.compute(build_pack(enc, PackPlan(np.array([0]))))
+            got = np.asarray(shards[name].column(column)[i].as_py(), dtype=np.float64).reshape(-1)
+            ref = want[column][0].numpy().astype(np.float64).reshape(-1)
+            cosines.append(float(got @ ref / (np.linalg.norm(got) * np.linalg.norm(ref) or 1.0)))
     return min(cosines) if cosines else 1.0
 
 

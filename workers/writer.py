@@ -12,6 +12,7 @@ import uuid
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from workers import storage
@@ -74,7 +75,7 @@ def put_atomic(uri: str, data: pa.Buffer, storage_options: dict | None = None) -
                     out.write(data)
                 fs.move(tmp, path)
             finally:
-                if fs.get_file_info(tmp).type != 0:  # FileType.NotFound == 0
+                if fs.get_file_info(tmp).type != pafs.FileType.NotFound:
                     fs.delete_file(tmp)
         else:
             with fs.open_output_stream(path) as out:  # one object put (multipart commits on close)
