@@ -5,7 +5,7 @@
 For each random-init model shape it runs, on the same corpus and GPU:
   * pooljobs end to end: Parquet in -> one Ray GPU actor -> embedding Parquet out
     (timed from the loaded actor's first unit to the last commit; load reported apart),
-  * sentence-transformers `encode` (batch 256; also 32 for BERT-base),
+  * sentence-transformers `encode` (batch 256),
   * a plain transformers loop (tokenizer `__call__`, padded batches of 256),
 and prints tokens/s, rows/s, MFU and the ratios, plus the cosine between pooljobs' output
 and the padded reference on a sample (must be >= 0.999 in bf16).
@@ -20,6 +20,7 @@ import platform
 import shutil
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -145,9 +146,10 @@ def profile_forward(model_dir: Path, texts: list[str], pooling: str, window: int
     from workers.unit import MAX_SEQS_PER_PACK, UnitRunner
 
     runner = UnitRunner(JobSpec(input="-", output="-", model=str(model_dir), pooling=pooling))
+    tokenize = runner.tokenizer_spec.build()
     batch = texts[:window]
     t = time.perf_counter()
-    enc = runner.tokenize(batch)
+    enc = tokenize(batch)
     tokenize_s = time.perf_counter() - t
     t = time.perf_counter()
     packs = [build_pack(enc, plan).pin_memory() for plan in plan_packs(enc.lengths, runner.max_tokens, MAX_SEQS_PER_PACK)]
@@ -159,11 +161,39 @@ def profile_forward(model_dir: Path, texts: list[str], pooling: str, window: int
         run()
         torch.cuda.synchronize()
     tokens = int(enc.lengths.sum())
-    print(f"#   profile {model_dir.name}: {tokens:,} tokens in {len(packs)} packs: tokenize {tokenize_s * 1e3:.0f} ms "
+    print(f"#   profile {model_dir.name} (compiled: {runner.runtime.compiled}): {tokens:,} tokens in {len(packs)} packs: "
+          f"tokenize {tokenize_s * 1e3:.0f} ms "
           f"({tokens / tokenize_s / 1e6:.2f}M/s), pack+pin {pack_s * 1e3:.0f} ms, forward {forward_s * 1e3:.0f} ms "
           f"({tokens / forward_s / 1e6:.2f}M/s)")
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12))
     runner.close()
+
+
+def bench_shape(shape: str, args: argparse.Namespace, texts: list[str], lengths: np.ndarray, corpus: Path, root: Path) -> dict:
+    """One shape: pooljobs end to end, the transformers loop and sentence-transformers; prints its table rows."""
+    tokens = int(lengths.sum())
+    pooling = "last" if SHAPES[shape][5] == "qwen3" else "mean"
+    model_dir = build_model(shape, args.tokenizer, root)
+    flops = float(flops_per_row(shape, lengths).sum())
+    if args.profile:
+        profile_forward(model_dir, texts, pooling)
+    pj_s, report, pj_emb = run_pooljobs(model_dir, corpus, root / f"out-{shape}", pooling)
+    print(f"#   {shape}: pooljobs {pj_s:.1f}s", flush=True)
+    plain_s, ref = run_plain(model_dir, texts, pooling)
+    print(f"#   {shape}: transformers loop {plain_s:.1f}s", flush=True)
+    st = {256: run_st(model_dir, texts, 256, pooling)[0]}
+    cos = (pj_emb * ref).sum(1) / (np.linalg.norm(pj_emb, axis=1) * np.linalg.norm(ref, axis=1))
+    rows = [("pooljobs e2e", pj_s), ("transformers loop", plain_s)] + [(f"ST encode b{b}", s) for b, s in st.items()]
+    for name, sec in rows:
+        mfu = flops / sec / (args.peak_tflops * 1e12)
+        print(f"| {shape} | {name} | {tokens / sec:,.0f} | {len(texts) / sec:,.0f} | {mfu:.1%} | "
+              f"{st[256] / sec:.2f}x | {cos.min():.5f} |" if name == "pooljobs e2e" else
+              f"| {shape} | {name} | {tokens / sec:,.0f} | {len(texts) / sec:,.0f} | {mfu:.1%} | {st[256] / sec:.2f}x | |")
+    print(f"#   pooljobs {shape}: padding efficiency {report['padding_efficiency']:.3f}, stage seconds "
+          f"{ {k: round(v, 2) for k, v in report['stage_seconds'].items()} }, worker {report['workers'][0]}", flush=True)
+    assert cos.min() >= 0.999, f"{shape}: pooljobs disagrees with the padded reference (min cos {cos.min():.5f})"
+    return {"shape": shape, "tokens": tokens, "docs": len(texts), "seconds": dict(rows), "min_cos": float(cos.min()),
+            "report": report}
 
 
 def main() -> None:
@@ -193,32 +223,17 @@ def main() -> None:
           f"p90 {np.percentile(lengths, 90):.0f}, max {lengths.max()}")
     print("| shape | path | tokens/s | rows/s | MFU | vs ST-256 | min cos vs padded ref |")
     print("|---|---|---|---|---|---|---|")
-    results = []
+    results, failed = [], []
     for shape in args.shapes.split(","):
-        pooling = "last" if SHAPES[shape][5] == "qwen3" else "mean"
-        model_dir = build_model(shape, args.tokenizer, root)
-        flops = float(flops_per_row(shape, lengths).sum())
-        if args.profile:
-            profile_forward(model_dir, texts, pooling)
-        pj_s, report, pj_emb = run_pooljobs(model_dir, corpus, root / f"out-{shape}", pooling)
-        print(f"#   {shape}: pooljobs {pj_s:.1f}s", flush=True)
-        plain_s, ref = run_plain(model_dir, texts, pooling)
-        print(f"#   {shape}: transformers loop {plain_s:.1f}s", flush=True)
-        st = {b: run_st(model_dir, texts, b, pooling)[0] for b in ((32, 256) if shape == "bert-base" else (256,))}
-        cos = (pj_emb * ref).sum(1) / (np.linalg.norm(pj_emb, axis=1) * np.linalg.norm(ref, axis=1))
-        rows = [("pooljobs e2e", pj_s), ("transformers loop", plain_s)] + [(f"ST encode b{b}", s) for b, s in st.items()]
-        for name, sec in rows:
-            mfu = flops / sec / (args.peak_tflops * 1e12)
-            print(f"| {shape} | {name} | {tokens / sec:,.0f} | {len(texts) / sec:,.0f} | {mfu:.1%} | "
-                  f"{st[256] / sec:.2f}x | {cos.min():.5f} |" if name == "pooljobs e2e" else
-                  f"| {shape} | {name} | {tokens / sec:,.0f} | {len(texts) / sec:,.0f} | {mfu:.1%} | {st[256] / sec:.2f}x | |")
-        print(f"#   pooljobs {shape}: padding efficiency {report['padding_efficiency']:.3f}, stage seconds "
-              f"{ {k: round(v, 2) for k, v in report['stage_seconds'].items()} }, worker {report['workers'][0]}")
-        results.append({"shape": shape, "tokens": tokens, "docs": len(texts), "seconds": dict(rows), "min_cos": float(cos.min()),
-                        "report": report})
-        assert cos.min() >= 0.999, f"{shape}: pooljobs disagrees with the padded reference (min cos {cos.min():.5f})"
+        try:
+            results.append(bench_shape(shape, args, texts, lengths, corpus, root))
+        except Exception:  # one shape failing (e.g. out of device memory) still reports the others
+            traceback.print_exc()
+            failed.append(shape)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, default=str))
+    if failed:
+        raise SystemExit(f"failed shapes: {failed}")
 
 
 if __name__ == "__main__":

@@ -147,7 +147,7 @@ def _run_ray(spec: JobSpec, model_sha256: str, units: list[Unit], on_result: Cal
     use_gpu = gpus > 0 or spec.device.startswith("cuda")
     count = spec.num_workers or max(1, gpus)
     actor_cls = ray.remote(WorkerActor).options(
-        num_gpus=1 if use_gpu else 0, num_cpus=0 if use_gpu else 1, max_concurrency=IN_FLIGHT,
+        num_gpus=1 if use_gpu else 0, num_cpus=1, max_concurrency=IN_FLIGHT,
         max_restarts=-1, max_task_retries=spec.max_retries,
     )
     actors = [actor_cls.remote(spec, model_sha256) for _ in range(count)]
@@ -207,6 +207,6 @@ def build_report(units: list[Unit], committed: dict, failed: dict, wall: float, 
         "duplicate_ids_within_units": sum(r.get("duplicate_ids", 0) for r in records),
         "padding_efficiency": tokens / padded if padded else None,
         "wall_seconds": wall, "rows_per_s": rows_now / wall, "tokens_per_s": tokens_now / wall,
-        "stage_seconds": {k: sum(r["seconds"].get(k, 0.0) for r in records) for k in ("read", "tokenize", "forward", "write")},
+        "stage_seconds": {k: sum(r["seconds"].get(k, 0.0) for r in records) for k in ("read", "tokenize", "wait_tokens", "forward", "write")},
         "per_worker": dict(per_worker),
     }

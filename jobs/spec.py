@@ -13,7 +13,7 @@ from typing import Any
 from states.interface import EXECUTIONS
 from states.loading import DTYPES, TASKS
 from states.pooling import POOLING_MODES
-from states.runtime import ModelOptions
+from states.runtime import COMPILE_CHOICES, ModelOptions
 
 INPUT_FORMATS = ("auto", "parquet", "ipc", "jsonl", "csv")
 OUTPUT_DTYPES = ("float32", "float16", "int8", "binary")
@@ -58,11 +58,12 @@ class JobSpec:
     dtype: str = _f("auto", "compute dtype; auto is bfloat16 on CUDA, float32 on CPU", ("auto", *DTYPES))
     execution: str = _f("auto", "packed (varlen attention) or padded (plain transformers reference)", EXECUTIONS)
     state: str | None = _f(None, "force a ModelState kind instead of routing from the config")
+    compile: str = _f("auto", "torch.compile the model's layer blocks: auto is on for packed CUDA runs", COMPILE_CHOICES)
     trust_remote_code: bool = _f(False, "allow the model directory's own Python code to run")
     allow_pickle: bool = _f(False, "allow pickle (.bin) weights, which can run code when loaded")
     on_error: str = _f("quarantine", "bad rows: quarantine them under OUT/_errors or fail the unit", ON_ERROR)
     unit_rows: int = _f(50_000, "rows per work unit (one output shard each)")
-    window_rows: int = _f(8192, "rows sorted by length together before packing")
+    window_rows: int = _f(1024, "rows tokenized together (one CPU task on GPU workers) and sorted by length before packing")
     max_tokens: int | None = _f(None, "token budget per forward (default: sized from free device memory)")
     num_workers: int | None = _f(None, "actors to start (default: one per GPU, or one CPU worker without GPUs)")
     max_retries: int = _f(3, "times a failing unit is retried before it is recorded as failed")
@@ -119,5 +120,6 @@ class JobSpec:
     def fingerprint_fields(self) -> dict[str, Any]:
         """The options that change output values or layout; a resume must match them."""
         skip = {"input", "output", "num_workers", "max_retries", "overwrite", "backend", "address",
-                "storage_options", "progress", "max_tokens", "window_rows", "device", "on_error"}
+                "storage_options", "progress", "max_tokens", "window_rows", "device", "on_error",
+                "compile"}
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skip}

@@ -150,7 +150,7 @@ def _reference_check(spec: JobSpec, units: list[Unit], shards: dict[str, pa.Tabl
     if spec.task == "embed" and spec.output_dtype == "binary":
         raise ValueError("--reference cannot compare binary (sign-bit) embeddings by cosine")
     runtime = Runtime(spec.replace(execution="padded", dtype="float32", device="cpu").model_options)
-    tokenize = BatchTokenizer(runtime.tokenizer, runtime.max_length, runtime.prompt)
+    tokenize = BatchTokenizer.from_hf(runtime.tokenizer, runtime.max_length, runtime.prompt)
     rng = np.random.default_rng(seed)
     picks = [(name, i) for name in positions for i in range(len(positions[name]))]
     chosen: dict[str, list[int]] = {}

@@ -29,6 +29,16 @@ class Pack:
     cu_seqlens: torch.Tensor  # (B+1,) int32, cu_seqlens[0] == 0, cu_seqlens[-1] == T
     max_len: int  # longest sequence in the pack
 
+    @classmethod
+    def from_sequences(cls, sequences: list[list[int]]) -> Pack:
+        """A CPU pack of these token id lists (small packs: warm-up, tests)."""
+        lengths = torch.tensor([len(s) for s in sequences])
+        cu = torch.zeros(len(sequences) + 1, dtype=torch.int32)
+        cu[1:] = lengths.cumsum(0)
+        positions = torch.cat([torch.arange(n) for n in lengths.tolist()])
+        ids = torch.tensor([t for s in sequences for t in s], dtype=torch.int64)
+        return cls(ids, positions, None, cu, int(lengths.max()))
+
     @property
     def num_seqs(self) -> int:
         return self.cu_seqlens.numel() - 1

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from states import init_model_state
+from states.compiling import compile_blocks
 from states.interface import Execution, ModelState, Pack
 from states.loading import (
     DTYPES, SentenceSettings, Task, check_model_dir, fingerprint, load_model, load_tokenizer, read_sentence_settings,
@@ -36,6 +37,10 @@ class ModelOptions:
     state: str | None = None
     trust_remote_code: bool = False
     allow_pickle: bool = False
+    compile: str = "auto"  # auto: on for packed execution on CUDA; on; off
+
+
+COMPILE_CHOICES = ("auto", "on", "off")
 
 
 def resolve_device(device: str) -> torch.device:
@@ -105,6 +110,22 @@ class Runtime:
         self.normalize = self.settings.normalize if options.normalize is None else options.normalize
         self.prompt = self._prompt(options.prompt_name)
         self.labels = self._labels()
+        self.compiled = self._compile(options.compile)
+        if self.device.type == "cuda":
+            self.warm_up()
+
+    def _compile(self, choice: str) -> bool:
+        if choice not in COMPILE_CHOICES:
+            raise ValueError(f"compile={choice!r}; choose one of {COMPILE_CHOICES}")
+        wanted = choice == "on" or (choice == "auto" and self.device.type == "cuda" and self.state.packed)
+        return wanted and compile_blocks(self.state.model) > 0
+
+    def warm_up(self) -> None:
+        """One small forward at load time: kernels load and compiled blocks compile now,
+        not in the first unit, and a model that cannot run fails before taking work."""
+        ids = self.tokenizer("pooljobs warm-up: a short text.")["input_ids"]
+        self.compute(Pack.from_sequences([ids, ids[: max(2, len(ids) // 2)]]).to(self.device))
+        torch.cuda.synchronize(self.device)
 
     def _prompt(self, name: str | None) -> str:
         name = name or self.settings.default_prompt_name
@@ -129,7 +150,7 @@ class Runtime:
             "model": str(self.model_dir), "task": self.options.task, "state": self.state.kind,
             "execution": self.state.execution, "pooling": self.pooling, "normalize": str(self.normalize),
             "dim": str(self.options.dim), "dtype": str(self.dtype).removeprefix("torch."),
-            "max_length": str(self.max_length), "prompt": self.prompt,
+            "max_length": str(self.max_length), "prompt": self.prompt, "compiled": str(self.compiled),
         }
 
     @torch.inference_mode()

@@ -2,7 +2,8 @@
 
 Thin on purpose: it loads the model once and forwards units to `UnitRunner.run`. It is
 created with `max_concurrency=2`, so while one unit's forward runs the next unit is
-read and tokenized, and the previous one written (see `workers.unit`).
+read and tokenized, and the previous one written (see `workers.unit`). On a GPU it
+takes one CPU of Ray's for its own host thread; tokenizing runs in tasks beside it.
 """
 
 from __future__ import annotations
@@ -11,20 +12,27 @@ import os
 import time
 
 from jobs.spec import JobSpec
+from states.runtime import Runtime
 from workers.reader import Unit
+from workers.tokenize_pool import RayTokenizer
 from workers.unit import UnitResult, UnitRunner
 
 
 class WorkerActor:
     def __init__(self, spec: JobSpec, model_sha256: str | None = None) -> None:
         t = time.perf_counter()
-        self.runner = UnitRunner(spec, model_sha256=model_sha256)
+        runtime = Runtime(spec.model_options)
+        # A GPU worker leaves tokenizing to Ray CPU tasks; a CPU worker does it in-process.
+        self.runner = UnitRunner(spec, runtime, model_sha256, tokenize_in_tasks=runtime.device.type == "cuda")
+        if isinstance(self.runner.tokenizer, RayTokenizer):
+            self.runner.tokenizer.warm_up()
         self.load_seconds = time.perf_counter() - t
 
     def info(self) -> dict:
         """Who this worker is and what loading cost, for the report."""
         return {"worker": self.runner.worker, "pid": os.getpid(), "load_seconds": self.load_seconds,
                 "max_tokens": self.runner.max_tokens, "state": self.runner.runtime.state.kind,
+                "compiled": self.runner.runtime.compiled,
                 "execution": self.runner.runtime.state.execution}
 
     def run(self, unit: Unit) -> UnitResult:

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from states.interface import Pack
-from workers.tokenize import Encoded
+from workers.tokenize import Encoded, gather_index
 
 
 @dataclass
@@ -36,18 +36,15 @@ def plan_packs(lengths: np.ndarray, max_tokens: int, max_seqs: int) -> list[Pack
 
 
 def build_pack(encoded: Encoded, plan: PackPlan) -> Pack:
-    """Concatenate the planned rows' ids into a CPU `Pack`."""
-    seqs = [encoded.ids[i] for i in plan.rows]
-    lengths = np.fromiter((len(s) for s in seqs), dtype=np.int64, count=len(seqs))  # (B,)
-    cu = np.zeros(len(seqs) + 1, dtype=np.int32)
+    """Gather the planned sequences' ids into a CPU `Pack` (vectorized; no per-row Python)."""
+    lengths = encoded.lengths[plan.rows]  # (B,)
+    index = gather_index(encoded.offsets[:-1][plan.rows], lengths)  # (T,)
+    cu = np.zeros(len(lengths) + 1, dtype=np.int32)
     np.cumsum(lengths, out=cu[1:])
-    starts = np.repeat(cu[:-1].astype(np.int64), lengths)  # (T,)
-    positions = np.arange(int(cu[-1]), dtype=np.int64) - starts  # (T,)
-    types = None
-    if encoded.type_ids is not None:
-        types = torch.from_numpy(np.concatenate([encoded.type_ids[i] for i in plan.rows]))
+    positions = np.arange(len(index), dtype=np.int64) - np.repeat(cu[:-1].astype(np.int64), lengths)  # (T,)
+    types = None if encoded.type_ids is None else torch.from_numpy(encoded.type_ids[index].astype(np.int64))
     return Pack(
-        input_ids=torch.from_numpy(np.concatenate(seqs)),
+        input_ids=torch.from_numpy(encoded.ids[index].astype(np.int64)),
         position_ids=torch.from_numpy(positions),
         token_type_ids=types,
         cu_seqlens=torch.from_numpy(cu),

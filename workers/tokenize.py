@@ -1,32 +1,48 @@
 """Batch tokenization with the Rust tokenizer: no padding, truncation to the model's limit.
 
-`encode_batch` spreads a batch over all host cores (the Python `__call__` path is the
-throughput cap otherwise). Each text yields one sequence (truncated, flagged), or with
-`chunk=True` its first window plus every overflowing window (each `max_length` long with
-special tokens, overlapping the previous by `stride` tokens).
+Output is flat: all token ids of a window in one int32 array plus offsets, so it crosses
+process boundaries (Ray's object store) as two buffers, and packing is a vectorized
+gather instead of per-row Python. Each text yields one sequence (truncated, flagged), or
+with `chunk=True` its first window plus every overflowing window (each `max_length` long
+with special tokens, overlapping the previous by `stride` tokens).
 """
 
 from __future__ import annotations
 
+import itertools
+import time
 from dataclasses import dataclass
 
 import numpy as np
-from tokenizers import Tokenizer
+from tokenizers import Encoding, Tokenizer
 
 
 @dataclass
 class Encoded:
-    """Token ids of a batch's sequences, unpadded; several per text when chunking."""
+    """Token ids of a batch's sequences, unpadded and flat; several per text when chunking."""
 
-    ids: list[np.ndarray]  # M arrays of (L_i,) int64
-    type_ids: list[np.ndarray] | None  # M arrays of (L_i,); None for single texts or models without types
+    ids: np.ndarray  # (T,) int32: every sequence's ids, back to back
+    offsets: np.ndarray  # (M+1,) int64: sequence m is ids[offsets[m]:offsets[m+1]]
+    type_ids: np.ndarray | None  # (T,) int32; None for single texts or models without types
     truncated: np.ndarray  # (N,) bool: the text was longer than max_length
     source: np.ndarray  # (M,) int64: index of the text each sequence comes from
     chunk: np.ndarray  # (M,) int32: window number within its text (0 without chunking)
 
     @property
     def lengths(self) -> np.ndarray:
-        return np.fromiter((len(x) for x in self.ids), dtype=np.int64, count=len(self.ids))  # (M,)
+        return np.diff(self.offsets)  # (M,)
+
+    def sequence(self, m: int) -> np.ndarray:
+        return self.ids[self.offsets[m] : self.offsets[m + 1]]
+
+    def select(self, seqs: np.ndarray) -> Encoded:
+        """These sequences only (texts keep their numbering)."""
+        lengths = self.lengths[seqs]
+        index = gather_index(self.offsets[:-1][seqs], lengths)
+        offsets = np.zeros(len(seqs) + 1, np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        types = None if self.type_ids is None else self.type_ids[index]
+        return Encoded(self.ids[index], offsets, types, self.truncated, self.source[seqs], self.chunk[seqs])
 
     def without_empty(self) -> tuple[Encoded, np.ndarray]:
         """(this batch less zero-token sequences, indices of the texts left with none).
@@ -37,23 +53,39 @@ class Encoded:
         if lengths.all():
             return self, np.zeros(0, np.int64)
         keep = np.flatnonzero(lengths > 0)
-        empty = np.setdiff1d(self.source[lengths == 0], self.source[keep])
-        types = None if self.type_ids is None else [self.type_ids[i] for i in keep]
-        return Encoded([self.ids[i] for i in keep], types, self.truncated, self.source[keep], self.chunk[keep]), empty
+        return self.select(keep), np.setdiff1d(self.source[lengths == 0], self.source[keep])
+
+
+def gather_index(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Flat positions of the segments [starts[i], starts[i] + lengths[i]), in order."""
+    ends = np.cumsum(lengths)
+    return np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64) + np.repeat(starts - (ends - lengths), lengths)
+
+
+def _flatten(encodings: list[Encoding], field: str) -> np.ndarray:
+    total = sum(len(e) for e in encodings)
+    return np.fromiter(itertools.chain.from_iterable(getattr(e, field) for e in encodings), np.int32, total)
 
 
 class BatchTokenizer:
-    """Wraps a transformers fast tokenizer's backend for unpadded, truncated batches."""
+    """Unpadded, truncated batches from a `tokenizers.Tokenizer` (a fast tokenizer's backend).
 
-    def __init__(self, hf_tokenizer, max_length: int, prompt: str = "", chunk: bool = False, stride: int = 0) -> None:
-        self.backend: Tokenizer = Tokenizer.from_str(hf_tokenizer.backend_tokenizer.to_str())
+    Built from the backend's JSON, so it can be sent to tokenizing processes as a string."""
+
+    def __init__(self, backend_json: str, max_length: int, with_type_ids: bool, prompt: str = "",
+                 chunk: bool = False, stride: int = 0) -> None:
+        self.backend: Tokenizer = Tokenizer.from_str(backend_json)
         self.backend.no_padding()
         try:
             self.backend.enable_truncation(max_length, stride=stride if chunk else 0)
         except Exception as e:
             raise ValueError(f"chunk_stride={stride} must be smaller than max_length={max_length} less special tokens") from e
-        self.max_length, self.prompt, self.chunk = max_length, prompt, chunk
-        self.with_type_ids = "token_type_ids" in hf_tokenizer.model_input_names
+        self.max_length, self.prompt, self.chunk, self.with_type_ids = max_length, prompt, chunk, with_type_ids
+
+    @classmethod
+    def from_hf(cls, hf_tokenizer, max_length: int, prompt: str = "", chunk: bool = False, stride: int = 0) -> BatchTokenizer:
+        return cls(hf_tokenizer.backend_tokenizer.to_str(), max_length, "token_type_ids" in hf_tokenizer.model_input_names,
+                   prompt, chunk, stride)
 
     def __call__(self, texts: list[str], pairs: list[str] | None = None) -> Encoded:
         if self.prompt:
@@ -68,8 +100,44 @@ class BatchTokenizer:
             encodings = [e for w in windows for e in w]
         else:
             source, chunk = np.arange(len(encodings)), np.zeros(len(encodings), dtype=np.int32)
-        ids = [np.asarray(e.ids, dtype=np.int64) for e in encodings]
+        offsets = np.zeros(len(encodings) + 1, np.int64)
+        np.cumsum(np.fromiter((len(e) for e in encodings), np.int64, len(encodings)), out=offsets[1:])
         # Single texts have all-zero token types, which is also the models' default: skip them.
-        with_types = self.with_type_ids and pairs is not None
-        type_ids = [np.asarray(e.type_ids, dtype=np.int64) for e in encodings] if with_types else None
-        return Encoded(ids, type_ids, truncated, source.astype(np.int64), chunk)
+        types = _flatten(encodings, "type_ids") if self.with_type_ids and pairs is not None else None
+        return Encoded(_flatten(encodings, "ids"), offsets, types, truncated, source.astype(np.int64), chunk)
+
+
+@dataclass
+class EncodedWindow:
+    """A window's tokenization: the encoded rows, and the rows that have none, with why."""
+
+    encoded: Encoded  # sequences' `source` index into `kept`
+    kept: np.ndarray  # (K,) int64: the window's row numbers that were encoded
+    rejected: dict[int, str]  # row number -> reason
+    seconds: float  # time spent tokenizing
+
+    @property
+    def tokens(self) -> int:
+        return int(self.encoded.offsets[-1])
+
+
+def encode_window(tokenize: BatchTokenizer, rows: np.ndarray, texts: list[str], pairs: list[str] | None) -> EncodedWindow:
+    """Tokenize one window of rows (`texts[i]` is row `rows[i]`). Rows the tokenizer
+    rejects are found one by one and reported; so are rows left with no tokens."""
+    t = time.perf_counter()
+    try:
+        enc, bad, why = tokenize(texts, pairs), [], []
+    except Exception:  # the Rust tokenizer names no row: find them
+        keep, bad, why = [], [], []
+        for i, text in enumerate(texts):
+            try:
+                tokenize([text], None if pairs is None else [pairs[i]])
+                keep.append(i)
+            except Exception as e:
+                bad.append(i), why.append(f"tokenizer rejected the row: {e}")
+        enc = tokenize([texts[i] for i in keep], None if pairs is None else [pairs[i] for i in keep])
+    kept = np.delete(rows, bad)
+    enc, empty = enc.without_empty()
+    rejected = dict(zip(rows[bad].tolist(), why))
+    rejected.update({int(kept[i]): "no tokens (empty text, and the tokenizer adds no special tokens)" for i in empty})
+    return EncodedWindow(enc, kept, rejected, time.perf_counter() - t)

@@ -2,10 +2,11 @@
 
 Model-agnostic: everything model-specific is behind `Runtime.compute`. The same
 `UnitRunner` runs in-process (tests, `backend="local"`) and inside the Ray actor, which
-only holds it. Within a unit, the next window is tokenized on a background thread while
-the current one runs on the device; across units, `run` may be called from two threads
-at once: reading, tokenizing and writing overlap, and `_device_lock` serializes the
-forward passes.
+only holds it. A unit's windows are all sent to tokenizing at once (Ray CPU tasks for a
+GPU worker, else a background thread: `workers.tokenize_pool`) and forwarded in order as
+they arrive; packs launch asynchronously and the outputs come back in one copy per unit.
+`run` may be called from two threads at once: the device goes to one unit at a time
+(`_device_lock`), so one unit is written while the next forwards and a third tokenizes.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import json
 import socket
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -27,12 +27,13 @@ from states.runtime import Runtime
 from workers import storage
 from workers.packing import PackPlan, build_pack, plan_packs
 from workers.reader import Unit, read_unit, text_column
-from workers.tokenize import BatchTokenizer, Encoded
+from workers.tokenize import Encoded
+from workers.tokenize_pool import RayTokenizer, ThreadTokenizer, TokenizerSpec
 from workers.writer import output_columns, write_table
 
 VERSION = "0.1.0"
 MAX_SEQS_PER_PACK = 4096
-FIRST_WINDOW_ROWS = 1024
+RAMP_ROWS = 128
 
 
 class RowError(ValueError):
@@ -73,18 +74,34 @@ def default_max_tokens(runtime: Runtime) -> int:
     return int(max(2048, min(1 << 19, free // 4 // per_token)))
 
 
+def window_bounds(rows: int, window_rows: int) -> list[tuple[int, int]]:
+    """[start, stop) row ranges: a doubling ramp from `RAMP_ROWS` up to `window_rows`, so
+    the device starts on a small window while the larger ones are still tokenizing."""
+    bounds, start, size = [], 0, min(RAMP_ROWS, window_rows)
+    while start < rows:
+        bounds.append((start, min(rows, start + size)))
+        start, size = start + size, min(window_rows, size * 2)
+    return bounds
+
+
 class UnitRunner:
-    def __init__(self, spec: JobSpec, runtime: Runtime | None = None, model_sha256: str | None = None) -> None:
+    def __init__(self, spec: JobSpec, runtime: Runtime | None = None, model_sha256: str | None = None,
+                 tokenize_in_tasks: bool = False) -> None:
         """`model_sha256`: the driver's hash of the model files, so each worker need not
-        read all the weights again to stamp its shards (computed here when absent)."""
+        read all the weights again to stamp its shards (computed here when absent).
+        `tokenize_in_tasks`: tokenize in Ray CPU tasks (for GPU workers inside Ray)."""
         self.spec = spec
         self.runtime = runtime or Runtime(spec.model_options)
-        self.tokenize = BatchTokenizer(self.runtime.tokenizer, self.runtime.max_length, self.runtime.prompt,
-                                       chunk=spec.overlong == "chunk", stride=spec.chunk_stride)
+        self.tokenizer_spec = TokenizerSpec(
+            self.runtime.tokenizer.backend_tokenizer.to_str(), self.runtime.max_length,
+            "token_type_ids" in self.runtime.tokenizer.model_input_names, self.runtime.prompt,
+            chunk=spec.overlong == "chunk", stride=spec.chunk_stride,
+        )
+        self.tokenizer = (RayTokenizer(self.tokenizer_spec, spec.max_retries) if tokenize_in_tasks
+                          else ThreadTokenizer(self.tokenizer_spec))
         self.max_tokens = spec.max_tokens or default_max_tokens(self.runtime)
         self.worker = f"{socket.gethostname()}:{self.runtime.device}"
         self._device_lock = threading.Lock()
-        self._prefetch = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize")
         self.metadata = {"pooljobs_version": VERSION, **self.runtime.provenance(),
                          "output_dtype": spec.output_dtype, "model_sha256": model_sha256 or self.runtime.fingerprint()}
 
@@ -97,23 +114,9 @@ class UnitRunner:
             reasons = [a or (b and f"{self.spec.pair_column}: {b}") for a, b in zip(reasons, pair_reasons)]
         return texts, pairs, reasons
 
-    def _encode(self, texts: list[str], pairs: list[str] | None) -> tuple[Encoded, list[int], list[str]]:
-        """Tokenize; rows the tokenizer rejects are found one by one and reported."""
-        try:
-            return self.tokenize(texts, pairs), [], []
-        except Exception:  # the Rust tokenizer names no row: find them
-            keep, bad, why = [], [], []
-            for i, text in enumerate(texts):
-                try:
-                    self.tokenize([text], None if pairs is None else [pairs[i]])
-                    keep.append(i)
-                except Exception as e:
-                    bad.append(i), why.append(f"tokenizer rejected the row: {e}")
-            enc = self.tokenize([texts[i] for i in keep], None if pairs is None else [pairs[i] for i in keep])
-            return enc, bad, why
-
     def _forward(self, encoded: Encoded, plan: PackPlan) -> list[tuple[np.ndarray, dict[str, torch.Tensor]]]:
-        """Forward one pack; on out-of-memory, halve the budget and split the pack."""
+        """Launch one pack (asynchronously on CUDA); on out-of-memory, halve the budget
+        and split the pack."""
         pack = build_pack(encoded, plan)
         if self.runtime.device.type == "cuda":
             pack = pack.pin_memory()
@@ -129,7 +132,8 @@ class UnitRunner:
             return self._forward(encoded, PackPlan(plan.rows[:half])) + self._forward(encoded, PackPlan(plan.rows[half:]))
 
     def run(self, unit: Unit) -> UnitResult:
-        spec, clock = self.spec, {"read": 0.0, "tokenize": 0.0, "forward": 0.0, "write": 0.0}
+        spec = self.spec
+        clock = {"read": 0.0, "tokenize": 0.0, "wait_tokens": 0.0, "forward": 0.0, "write": 0.0}
         t0 = time.perf_counter()
         columns = [c for c in (spec.text_column, spec.pair_column, spec.id_column) if c]
         table = read_unit(unit, list(dict.fromkeys(columns)), spec.storage_options)
@@ -138,49 +142,43 @@ class UnitRunner:
 
         good = np.array([i for i, r in enumerate(reasons) if r is None], dtype=np.int64)
         bad = {i: r for i, r in enumerate(reasons) if r is not None}
-        # A small first window gets the device busy sooner; the rest sort and pack in full windows.
-        first = min(FIRST_WINDOW_ROWS, spec.window_rows)
-        windows = [good[:first]] + [good[s : s + spec.window_rows] for s in range(first, len(good), spec.window_rows)]
-        windows = [w for w in windows if len(w)]
+        windows = [good[a:b] for a, b in window_bounds(len(good), spec.window_rows)]
+        pending = [self.tokenizer.submit(w, [texts[i] for i in w], None if pairs is None else [pairs[i] for i in w])
+                   for w in windows]  # all of the unit's windows: tokenizing runs ahead of the device
 
-        def tokenize(rows: np.ndarray):
-            t = time.perf_counter()
-            enc, rejected, why = self._encode([texts[i] for i in rows], None if pairs is None else [pairs[i] for i in rows])
-            kept = np.delete(rows, rejected)
-            enc, empty = enc.without_empty()
-            reasons = dict(zip(rows[rejected].tolist(), why))
-            reasons.update({int(kept[i]): "no tokens (empty text, and the tokenizer adds no special tokens)" for i in empty})
-            return enc, kept, reasons, time.perf_counter() - t
-
-        pieces: list[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]] = []  # (unit rows, chunk numbers, outputs)
+        rows, chunks, outputs = [], [], []
         tokens = padded = truncated = 0
-        pending = self._prefetch.submit(tokenize, windows[0]) if windows else None
-        for w in range(len(windows)):
-            enc, kept, rejected, seconds = pending.result()
-            pending = self._prefetch.submit(tokenize, windows[w + 1]) if w + 1 < len(windows) else None
-            clock["tokenize"] += seconds
-            bad.update(rejected)
-            lengths = enc.lengths
-            tokens, truncated = tokens + int(lengths.sum()), truncated + int(enc.truncated.sum())
-            with self._device_lock:  # the forward clock starts once the device is ours
-                t = time.perf_counter()
-                results = [r for plan in plan_packs(lengths, self.max_tokens, MAX_SEQS_PER_PACK) for r in self._forward(enc, plan)]
-                host = [(rows, {k: v.cpu().numpy() for k, v in out.items()}) for rows, out in results]
-            clock["forward"] += time.perf_counter() - t
-            for rows, out in host:
-                padded += int(lengths[rows].sum()) if self.runtime.state.packed else len(rows) * int(lengths[rows].max())
-                pieces.append((kept[enc.source[rows]], enc.chunk[rows], out))
+        with self._device_lock:  # one unit at a time on the device; the next one tokenizes meanwhile
+            t = time.perf_counter()
+            for get in pending:
+                w = time.perf_counter()
+                window = get()
+                clock["wait_tokens"] += time.perf_counter() - w
+                clock["tokenize"] += window.seconds
+                bad.update(window.rejected)
+                enc, lengths = window.encoded, window.encoded.lengths
+                tokens, truncated = tokens + window.tokens, truncated + int(enc.truncated.sum())
+                for plan in plan_packs(lengths, self.max_tokens, MAX_SEQS_PER_PACK):
+                    for pack_rows, out in self._forward(enc, plan):
+                        padded += int(lengths[pack_rows].sum()) if self.runtime.state.packed else \
+                            len(pack_rows) * int(lengths[pack_rows].max())
+                        rows.append(window.kept[enc.source[pack_rows]])
+                        chunks.append(enc.chunk[pack_rows])
+                        outputs.append(out)
+            # One copy per output once every pack is launched; it waits for the device.
+            host = {k: torch.cat([o[k] for o in outputs]).cpu().numpy() for k in outputs[0]} if outputs else {}
+            clock["forward"] = time.perf_counter() - t - clock["wait_tokens"]
 
         if bad and spec.on_error == "fail":
             row = min(bad)
             raise RowError(f"{unit.uri}: row {unit.row_offset + row}: {bad[row]} (on_error='fail')")
         t = time.perf_counter()
-        rows, chunks, outputs = self._assemble(pieces)
+        rows, chunks, host = self._assemble(rows, chunks, host)
         key_name, keys = self._keys(unit, table)
         columns = {key_name: keys.take(pa.array(rows, type=pa.int64()))}
         if spec.overlong == "chunk" and spec.chunk_aggregate == "none":
             columns["chunk"] = pa.array(chunks, type=pa.int32())
-        shard = pa.table({**columns, **output_columns(outputs, spec.output_dtype, self.runtime.labels)})
+        shard = pa.table({**columns, **output_columns(host, spec.output_dtype, self.runtime.labels)})
         shard = shard.replace_schema_metadata({"pooljobs": json.dumps(self.metadata)})
         if bad:
             self._write_errors(unit, key_name, keys, bad)
@@ -190,15 +188,16 @@ class UnitRunner:
         return UnitResult(unit.name, shard.num_rows, len(bad), tokens, padded, truncated, duplicates, checksum, nbytes,
                           shard.schema.remove_metadata().to_string(), self.worker, clock)
 
-    def _assemble(self, pieces: list) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
-        """(unit rows, chunk numbers, outputs) in input order; with chunk_aggregate='mean',
-        one row per text: the mean of its windows, renormalized when normalizing."""
-        if not pieces:
+    def _assemble(self, rows: list[np.ndarray], chunks: list[np.ndarray], outputs: dict[str, np.ndarray]
+                  ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+        """Per-pack (unit rows, chunk numbers) and the outputs in pack order -> all in input
+        order; with chunk_aggregate='mean', one row per text: the mean of its windows,
+        renormalized when normalizing."""
+        if not rows:
             return np.zeros(0, np.int64), np.zeros(0, np.int32), {}
-        rows = np.concatenate([p[0] for p in pieces])
-        chunks = np.concatenate([p[1] for p in pieces])
+        rows, chunks = np.concatenate(rows), np.concatenate(chunks)
         order = np.lexsort((chunks, rows))
-        outputs = {k: np.concatenate([p[2][k] for p in pieces])[order] for k in pieces[0][2]}
+        outputs = {k: v[order] for k, v in outputs.items()}
         rows, chunks = rows[order], chunks[order]
         if self.spec.overlong != "chunk" or self.spec.chunk_aggregate == "none":
             return rows, chunks, outputs
@@ -229,4 +228,4 @@ class UnitRunner:
         return self.spec.output.rstrip("/")
 
     def close(self) -> None:
-        self._prefetch.shutdown(wait=False, cancel_futures=True)
+        self.tokenizer.close()

@@ -54,10 +54,18 @@ def output_columns(outputs: dict[str, np.ndarray], output_dtype: str, labels: li
     return cols
 
 
+def _is_vector(kind: pa.DataType) -> bool:
+    return pa.types.is_fixed_size_list(kind) and pa.types.is_floating(kind.value_type)
+
+
 def serialize(table: pa.Table) -> tuple[pa.Buffer, str]:
-    """Parquet bytes of `table` and their sha256."""
+    """Parquet bytes of `table` and their sha256. Float vectors are stored plain: their
+    mantissas do not compress (lz4 grew them), and dictionaries and min/max statistics
+    on them cost write time for nothing; keys and labels keep lz4, dictionaries, stats."""
+    other = [f.name for f in table.schema if not _is_vector(f.type)]
     sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, compression="lz4")  # embeddings barely compress; zstd cost more than it saved
+    pq.write_table(table, sink, compression={f.name: "none" if _is_vector(f.type) else "lz4" for f in table.schema},
+                   use_dictionary=other, write_statistics=other)
     buf = sink.getvalue()
     return buf, hashlib.sha256(memoryview(buf)).hexdigest()
 

@@ -154,8 +154,12 @@ def test_oom_splits_the_pack_and_output_is_unchanged(make_spec, tmp_path, monkey
     monkeypatch.setattr(runner.runtime, "compute", flaky)
     result = runner.run(unit)
     assert calls["oom"] > 0 and runner.max_tokens < 4096
-    assert result.checksum == clean.checksum
-    assert pq.read_table(tmp_path / "a" / f"{unit.name}.parquet").equals(clean_table)
+    assert result.rows == clean.rows and result.tokens == clean.tokens
+    split_table = pq.read_table(tmp_path / "a" / f"{unit.name}.parquet")
+    assert split_table.column("id").equals(clean_table.column("id"))
+    # Smaller packs change CPU matmul blocking, so values agree to rounding, not bitwise.
+    vectors = lambda t: np.stack(t.column("embedding").to_numpy(zero_copy_only=False))  # noqa: E731
+    np.testing.assert_allclose(vectors(split_table), vectors(clean_table), atol=1e-6)
 
 
 def test_disk_error_names_the_path_and_rerun_resumes(make_spec, tmp_path, monkeypatch):

@@ -78,6 +78,7 @@ def test_provenance_names_the_resolved_settings(tiny_model):
     assert runtime.provenance() | {"model": ""} == {
         "model": "", "task": "embed", "state": "decoder", "execution": "packed", "pooling": "last",
         "normalize": "True", "dim": "8", "dtype": "float32", "max_length": "64", "prompt": "",
+        "compiled": "False",  # compile=auto compiles on CUDA only
     }
     assert runtime.compute(make_pack(random_ids([4], 3, 128, seed=0)))["embedding"].shape == (1, 8)
 
@@ -87,6 +88,7 @@ def test_provenance_names_the_resolved_settings(tiny_model):
     ({"dtype": "fp8"}, r"dtype='fp8'; choose one of \['auto', 'float32', 'float16', 'bfloat16'\]"),
     ({"execution": "fast"}, r"execution='fast'; choose one of \('auto', 'packed', 'padded'\)"),
     ({"state": "causal"}, r"state='causal' is not a known state"),
+    ({"compile": "yes"}, r"compile='yes'; choose one of \('auto', 'on', 'off'\)"),
 ])
 def test_bad_options(tiny_model, options, message):
     with pytest.raises(ValueError, match=message):

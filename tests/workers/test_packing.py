@@ -4,7 +4,15 @@ import numpy as np
 import pytest
 
 from workers.packing import build_pack, plan_packs
-from workers.tokenize import Encoded
+from workers.tokenize import Encoded, gather_index
+
+
+def encoded(seqs: list[list[int]], types: list[list[int]] | None = None) -> Encoded:
+    offsets = np.cumsum([0] + [len(x) for x in seqs])
+    flat = lambda xs: np.array([t for x in xs for t in x], np.int32)  # noqa: E731
+    n = len(seqs)
+    return Encoded(flat(seqs), offsets, None if types is None else flat(types), np.zeros(n, bool), np.arange(n),
+                   np.zeros(n, np.int32))
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -26,9 +34,7 @@ def test_row_longer_than_budget_gets_its_own_pack():
 
 
 def test_build_pack_layout():
-    ids = [np.array([1, 2, 3]), np.array([4]), np.array([5, 6])]
-    enc = Encoded(ids, [np.zeros(3, int), np.ones(1, int), np.zeros(2, int)], np.zeros(3, bool), np.arange(3),
-                  np.zeros(3, np.int32))
+    enc = encoded([[1, 2, 3], [4], [5, 6]], [[0, 0, 0], [1], [0, 0]])
     pack = build_pack(enc, plan_packs(enc.lengths, 100, 10)[0])
     assert pack.input_ids.tolist() == [1, 2, 3, 5, 6, 4]  # longest first
     assert pack.position_ids.tolist() == [0, 1, 2, 0, 1, 0]
@@ -38,8 +44,35 @@ def test_build_pack_layout():
 
 
 def test_texts_without_tokens_are_dropped_and_named():
-    enc = Encoded([np.array([1, 2]), np.zeros(0, np.int64), np.array([3])], None, np.zeros(3, bool), np.arange(3),
-                  np.zeros(3, np.int32))
+    enc = encoded([[1, 2], [], [3]])
     kept, empty = enc.without_empty()
     assert empty.tolist() == [1]
-    assert kept.source.tolist() == [0, 2] and [x.tolist() for x in kept.ids] == [[1, 2], [3]]
+    assert kept.source.tolist() == [0, 2] and [kept.sequence(m).tolist() for m in range(2)] == [[1, 2], [3]]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_vectorized_gather_matches_per_row_concatenation(seed):
+    rng = np.random.default_rng(seed)
+    seqs = [rng.integers(0, 100, rng.integers(0, 20)).tolist() for _ in range(200)]
+    enc = encoded(seqs)
+    pick = rng.permutation(200)[:77]
+    assert gather_index(enc.offsets[:-1][pick], enc.lengths[pick]).tolist() == [
+        i for m in pick for i in range(enc.offsets[m], enc.offsets[m + 1])]
+    sub = enc.select(pick)
+    assert [sub.sequence(j).tolist() for j in range(len(pick))] == [seqs[m] for m in pick]
+    nonempty = [m for m in range(200) if seqs[m]]
+    plan = plan_packs(enc.lengths[nonempty], 10_000, 1000)[0]
+    pack = build_pack(enc.select(np.array(nonempty)), plan)
+    assert pack.input_ids.tolist() == [t for r in plan.rows for t in seqs[nonempty[r]]]
+
+
+@pytest.mark.parametrize("rows,window", [(0, 1024), (5000, 1024), (10, 3), (130, 128), (100_000, 4096)])
+def test_windows_ramp_up_then_cover_every_row_once(rows, window):
+    from workers.unit import RAMP_ROWS, window_bounds
+
+    bounds = window_bounds(rows, window)
+    covered = [i for a, b in bounds for i in range(a, b)]
+    assert covered == list(range(rows))
+    sizes = [b - a for a, b in bounds]
+    assert all(s <= window for s in sizes) and (not sizes or sizes[0] == min(RAMP_ROWS, window, rows))
+    assert all(x <= y for x, y in zip(sizes[:-2], sizes[1:-1]))  # non-decreasing up to the last (partial) one

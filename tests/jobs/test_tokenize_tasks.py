@@ -1,0 +1,29 @@
+"""Tokenizing in Ray CPU tasks (what GPU workers do) writes the same shards as in-process."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jobs.plan import list_inputs, plan_units
+from workers.unit import UnitRunner
+
+
+def test_ray_task_tokenizing_matches_in_process(ray_instances, make_spec, tmp_path):
+    ray_instances.get("local")
+    spec = make_spec(tmp_path / "thread", backend="local", window_rows=7)  # many windows per unit
+    units = plan_units(spec, list_inputs(spec))[:2]
+    in_process = UnitRunner(spec)
+    in_tasks = UnitRunner(spec.replace(output=str(tmp_path / "tasks")), in_process.runtime, tokenize_in_tasks=True)
+    for unit in units:
+        want, got = in_process.run(unit), in_tasks.run(unit)
+        assert got.tokens == want.tokens > 0 and got.rows == want.rows
+        assert got.checksum == want.checksum  # the same bytes
+        assert got.seconds["tokenize"] > 0
+
+
+def test_warm_up_builds_the_tokenizer_in_task_processes(ray_instances, make_spec, tmp_path):
+    ray_instances.get("local")
+    runner = UnitRunner(make_spec(tmp_path, backend="local"), tokenize_in_tasks=True)
+    runner.tokenizer.warm_up()  # no error, and a window after it still tokenizes
+    window = runner.tokenizer.submit(np.arange(2), ["alpha beta", ""], None)()
+    assert window.kept.tolist() == [0, 1] and window.encoded.lengths.tolist()[1] == 2  # [CLS] [SEP] only

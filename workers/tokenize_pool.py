@@ -1,0 +1,104 @@
+"""Where windows get tokenized: Ray CPU tasks (GPU workers) or a thread of this process.
+
+A GPU worker cannot tokenize fast enough itself: one process tops out near the forward
+rate of a BERT-base, and its Python work (turning encodings into arrays) takes the GIL
+from the thread launching the forward. So a GPU worker sends each window to a Ray task
+on a CPU (single-threaded; parallelism is the number of tasks, scaled by Ray across the
+cluster's CPUs) and receives flat int32 arrays through the object store. Ray retries a
+task whose process dies. Workers without a GPU tokenize in one background thread, where
+the Rust tokenizer spreads each batch over the host's cores.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from workers.tokenize import BatchTokenizer, EncodedWindow, encode_window
+
+Pending = Callable[[], EncodedWindow]  # blocks until the window is tokenized
+
+
+@dataclass(frozen=True)
+class TokenizerSpec:
+    """Everything needed to rebuild a `BatchTokenizer` in another process."""
+
+    backend_json: str
+    max_length: int
+    with_type_ids: bool
+    prompt: str = ""
+    chunk: bool = False
+    stride: int = 0
+
+    def build(self) -> BatchTokenizer:
+        return BatchTokenizer(**asdict(self))
+
+    @property
+    def key(self) -> str:
+        return hashlib.sha256(repr(asdict(self)).encode()).hexdigest()
+
+
+class ThreadTokenizer:
+    """Tokenizes windows in order on one background thread of this process."""
+
+    def __init__(self, spec: TokenizerSpec) -> None:
+        self.tokenize = spec.build()
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize")
+
+    def submit(self, rows: np.ndarray, texts: list[str], pairs: list[str] | None) -> Pending:
+        return self._pool.submit(encode_window, self.tokenize, rows, texts, pairs).result
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+_BUILT: OrderedDict[str, BatchTokenizer] = OrderedDict()  # per Ray worker process
+
+
+def _encode_task(key: str, spec_ref: list, rows: np.ndarray, texts: list[str], pairs: list[str] | None) -> EncodedWindow:
+    """Runs in a Ray worker: build (once per process) and run the tokenizer. The spec
+    travels as a nested reference so it is fetched only by processes that lack it."""
+    if key not in _BUILT:
+        import ray
+
+        _BUILT[key] = ray.get(spec_ref[0]).build()
+        while len(_BUILT) > 4:
+            _BUILT.popitem(last=False)
+    return encode_window(_BUILT[key], rows, texts, pairs)
+
+
+class RayTokenizer:
+    """Tokenizes each window in a single-threaded Ray CPU task."""
+
+    def __init__(self, spec: TokenizerSpec, max_retries: int = 3) -> None:
+        import ray
+
+        self.key, self._spec_ref = spec.key, ray.put(spec)
+        self._task = ray.remote(_encode_task).options(
+            num_cpus=1, max_retries=max_retries,
+            runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}},  # merged into the job's env_vars
+        )
+
+    def submit(self, rows: np.ndarray, texts: list[str], pairs: list[str] | None) -> Pending:
+        import ray
+
+        ref = self._task.remote(self.key, [self._spec_ref], rows, texts, pairs)
+        return lambda: ray.get(ref)
+
+    def warm_up(self) -> None:
+        """One tiny task per free CPU, at load time: Ray starts task processes on demand
+        (about a second each), and each builds the tokenizer once; not in the first unit."""
+        import ray
+
+        free = max(1, int(ray.available_resources().get("CPU", 1)))
+        done = [self.submit(np.zeros(1, np.int64), ["warm-up"], None) for _ in range(free)]
+        for get in done:
+            get()
+
+    def close(self) -> None:
+        pass
