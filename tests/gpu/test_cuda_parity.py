@@ -61,9 +61,9 @@ def _reference(model, pack: Pack, pooling: str) -> torch.Tensor:
     return (hidden * m).sum(1) / m.sum(1)
 
 
-@pytest.mark.parametrize("dtype,threshold", [(torch.float32, 0.99999), (torch.bfloat16, 0.999)], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("arch", sorted(CONFIGS))
-def test_packed_cuda_matches_reference(tmp_path, arch, dtype, threshold):
+def _check_against_reference(tmp_path, arch: str, dtype: torch.dtype, threshold: float, compiled: bool) -> None:
+    from states.compiling import compile_blocks
+
     config, pooling = CONFIGS[arch]
     torch.manual_seed(0)
     AutoModel.from_config(config).save_pretrained(tmp_path)
@@ -71,32 +71,26 @@ def test_packed_cuda_matches_reference(tmp_path, arch, dtype, threshold):
     model = AutoModel.from_pretrained(tmp_path, dtype=dtype).cuda().eval()
     state = init_model_state(model, execution="packed")
     assert state.packed
+    if compiled:
+        assert compile_blocks(state.model) == config.num_hidden_layers
     for seed, lengths in enumerate([[1, 7, 128, 3, 300, 64], [500], [33] * 40 + [1, 2]]):
         pack = _pack(lengths, seed)
         with torch.inference_mode():
             got = pool(state.hidden_states(pack.to("cuda")), pack.cu_seqlens.cuda(), pooling)
             want = _reference(ref_model, pack, pooling)
         cos = torch.nn.functional.cosine_similarity(got.float(), want, dim=1)
-        assert cos.min().item() >= threshold, f"{arch} {dtype} lengths={lengths}: min cos {cos.min().item():.6f}"
+        assert cos.min().item() >= threshold, \
+            f"{arch} {dtype} compiled={compiled} lengths={lengths}: min cos {cos.min().item():.6f}"
+
+
+@pytest.mark.parametrize("dtype,threshold", [(torch.float32, 0.99999), (torch.bfloat16, 0.999)], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("arch", sorted(CONFIGS))
+def test_packed_cuda_matches_reference(tmp_path, arch, dtype, threshold):
+    _check_against_reference(tmp_path, arch, dtype, threshold, compiled=False)
 
 
 @pytest.mark.parametrize("arch", ["bert", "modernbert", "qwen3"])
 def test_compiled_blocks_match_reference(tmp_path, arch):
     """What `compile=auto` runs on CUDA: the packed bf16 state with each layer block
-    compiled (dynamic shapes: one compiled graph serves every pack below)."""
-    from states.compiling import compile_blocks
-
-    config, pooling = CONFIGS[arch]
-    torch.manual_seed(0)
-    AutoModel.from_config(config).save_pretrained(tmp_path)
-    ref_model = AutoModel.from_pretrained(tmp_path, dtype=torch.float32, attn_implementation="sdpa").cuda().eval()
-    model = AutoModel.from_pretrained(tmp_path, dtype=torch.bfloat16).cuda().eval()
-    state = init_model_state(model, execution="packed")
-    assert compile_blocks(state.model) == config.num_hidden_layers
-    for seed, lengths in enumerate([[1, 7, 128, 3, 300, 64], [500], [33] * 40 + [1, 2]]):
-        pack = _pack(lengths, seed)
-        with torch.inference_mode():
-            got = pool(state.hidden_states(pack.to("cuda")), pack.cu_seqlens.cuda(), pooling)
-            want = _reference(ref_model, pack, pooling)
-        cos = torch.nn.functional.cosine_similarity(got.float(), want, dim=1)
-        assert cos.min().item() >= 0.999, f"{arch} compiled lengths={lengths}: min cos {cos.min().item():.6f}"
+    compiled (dynamic shapes: one compiled graph serves every pack above)."""
+    _check_against_reference(tmp_path, arch, torch.bfloat16, 0.999, compiled=True)
