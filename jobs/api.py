@@ -118,8 +118,11 @@ def _run(task: str, data, model, text_column: str, pair_column: str | None, outp
     pq.write_table(table, sink, row_group_size=spec.unit_rows)  # row groups are what units split at
     staged = sink.getvalue()
     # With output=, the same data and output give the same staged URI, so a rerun resumes.
-    content = hashlib.sha256(memoryview(staged)).hexdigest()
-    key = hashlib.sha256(f"{output}\n{content}".encode()).hexdigest()[:16] if output else uuid.uuid4().hex
+    if output:
+        content = hashlib.sha256(memoryview(staged)).hexdigest()
+        key = hashlib.sha256(f"{output}\n{content}".encode()).hexdigest()[:16]
+    else:
+        key = uuid.uuid4().hex
     root = storage.join(staging or tempfile.gettempdir(), f"pooljobs-{key}")
     spec = spec.replace(input=storage.join(root, "input.parquet"), output=output or storage.join(root, "output"))
     try:
@@ -196,18 +199,13 @@ def _connect(address: str | None, staging: str | None) -> None:
 
 def _parts(fs: pafs.FileSystem, path: str, sub: str | None = None) -> list[str]:
     """Paths of the `part-*.parquet` files in `path` (or its `sub` folder), in name order."""
-    folder = storage.join(path, sub) if sub else path
-    if fs.get_file_info(folder).type == pafs.FileType.NotFound:
-        return []
-    entries = fs.get_file_info(pafs.FileSelector(folder))
-    return sorted(e.path for e in entries if e.is_file and e.base_name.startswith("part-")
-                  and e.base_name.endswith(".parquet"))
+    entries = storage.list_dir(fs, storage.join(path, sub) if sub else path)
+    return [e.path for e in entries if e.is_file and e.base_name.startswith("part-") and e.base_name.endswith(".parquet")]
 
 
 def _read(fs: pafs.FileSystem, paths: list[str]) -> pa.Table | None:
     tables = [pq.read_table(p, filesystem=fs).replace_schema_metadata(None) for p in paths]
-    # A unit whose rows were all quarantined has a shard of ids only: promote fills nulls.
-    return pa.concat_tables(tables, promote_options="default") if tables else None
+    return pa.concat_tables(tables) if tables else None
 
 
 def _results(fs: pafs.FileSystem, path: str, task: str, n: int) -> dict[str, pa.ChunkedArray]:

@@ -24,7 +24,7 @@ from workers.reader import InputError
 USER_ERRORS = (SpecError, InputError, ModelLoadError, OutputConflictError, UnclassifiedModelError)
 
 
-def _storage_option(text: str) -> tuple[str, Any]:
+def storage_option(text: str) -> tuple[str, Any]:
     """KEY=VALUE; only true/false become booleans (a secret like 0123 stays a string)."""
     key, sep, value = text.partition("=")
     if not sep:
@@ -43,7 +43,7 @@ def build_parser(prog: str, description: str, tasks: Sequence[str]) -> argparse.
         if f.name == "input":
             parser.add_argument(flag, nargs="+", help=help_text)
         elif f.name == "storage_options":
-            parser.add_argument("--storage-option", dest="storage_options", action="append", type=_storage_option,
+            parser.add_argument("--storage-option", dest="storage_options", action="append", type=storage_option,
                                 metavar="KEY=VALUE", help=help_text)
         elif f.type in ("bool", "bool | None"):
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, help=help_text)

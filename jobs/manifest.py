@@ -40,20 +40,14 @@ class Manifest:
         return storage.join(self.uri.rstrip("/"), *parts)
 
     def _read_json(self, *parts: str) -> dict | None:
-        path = storage.join(self.path, *parts)
-        if self.fs.get_file_info(path).type == pafs.FileType.NotFound:
-            return None
-        with self.fs.open_input_stream(path) as f:
-            return json.loads(f.read().decode())
+        data = storage.read_bytes(self.fs, storage.join(self.path, *parts))
+        return None if data is None else json.loads(data.decode())
 
     def _put_json(self, value: dict, *parts: str) -> None:
         put_atomic(self._uri(*parts), json.dumps(value, indent=1, sort_keys=True).encode(), self.storage_options)
 
     def _entries(self) -> list[pafs.FileInfo]:
-        info = self.fs.get_file_info(self.path)
-        if info.type == pafs.FileType.NotFound:
-            return []
-        return self.fs.get_file_info(pafs.FileSelector(self.path, recursive=False))
+        return storage.list_dir(self.fs, self.path)
 
     def prepare(self, identity: dict, overwrite: bool) -> None:
         """Claim the directory for a job with `identity`; resume when it already matches."""
@@ -83,18 +77,18 @@ class Manifest:
             elif entry.type == pafs.FileType.Directory and name in (MANIFEST_DIR, ERRORS_DIR):
                 self.fs.delete_dir(entry.path)
 
+    def records(self) -> list[tuple[pafs.FileInfo, dict]]:
+        """(file, commit record) of every committed unit, in file name order."""
+        records = []
+        for entry in storage.list_dir(self.fs, storage.join(self.path, MANIFEST_DIR)):
+            if entry.is_file and entry.base_name.endswith(".json"):
+                with self.fs.open_input_stream(entry.path) as f:
+                    records.append((entry, json.loads(f.read().decode())))
+        return records
+
     def committed(self) -> dict[str, dict]:
         """Commit records by unit name."""
-        path = storage.join(self.path, MANIFEST_DIR)
-        if self.fs.get_file_info(path).type == pafs.FileType.NotFound:
-            return {}
-        records = {}
-        for entry in self.fs.get_file_info(pafs.FileSelector(path)):
-            if entry.base_name.endswith(".json"):
-                with self.fs.open_input_stream(entry.path) as f:
-                    record = json.loads(f.read().decode())
-                records[record["name"]] = record
-        return records
+        return {record["name"]: record for _, record in self.records()}
 
     def commit(self, record: dict) -> None:
         self._put_json(record, MANIFEST_DIR, f"{record['name']}.json")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
-from urllib.parse import urlparse
 
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -22,8 +21,8 @@ from workers.reader import DATASET_FORMAT, FORMAT_OF_SUFFIX, InputError, Unit, c
 
 
 def _uri(original: str, path: str) -> str:
-    scheme = urlparse(original).scheme
-    return storage.uri(scheme, path) if scheme and len(scheme) > 1 else path
+    scheme = storage.remote_scheme(original)
+    return storage.uri(scheme, path) if scheme else path
 
 
 def _format(path: str, forced: str) -> str | None:

@@ -13,28 +13,20 @@ neither picks nor changes pyplot's backend; the returned figure displays in a no
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 
 import pyarrow.fs as pafs
 
-from jobs.manifest import MANIFEST_DIR
+from jobs.manifest import MANIFEST_DIR, Manifest
 from workers import storage
 
 
 def commit_records(output_dir: str, storage_options: dict | None = None) -> list[tuple[float | None, dict]]:
     """(modification time in seconds or None, record) of every committed unit, by name."""
-    fs, path = storage.resolve(output_dir, storage_options)
-    folder = storage.join(path, MANIFEST_DIR)
-    if fs.get_file_info(folder).type == pafs.FileType.NotFound:
+    manifest = Manifest(output_dir, storage_options)
+    if manifest.fs.get_file_info(storage.join(manifest.path, MANIFEST_DIR)).type == pafs.FileType.NotFound:
         raise FileNotFoundError(f"{output_dir} has no {MANIFEST_DIR}/: no unit of a pooljobs job has committed there")
-    records = []
-    for entry in sorted(fs.get_file_info(pafs.FileSelector(folder)), key=lambda e: e.base_name):
-        if entry.is_file and entry.base_name.endswith(".json"):
-            with fs.open_input_stream(entry.path) as f:
-                record = json.loads(f.read().decode())
-            records.append((entry.mtime.timestamp() if entry.mtime else None, record))
-    return records
+    return [(entry.mtime.timestamp() if entry.mtime else None, record) for entry, record in manifest.records()]
 
 
 def timelines(records: list[tuple[float | None, dict]]) -> dict[str, tuple[list[float], list[int]]]:

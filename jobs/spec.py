@@ -103,7 +103,7 @@ class JobSpec:
         for key in values:
             if key not in known:
                 raise SpecError(f"{source}: unknown key {key!r}; valid keys: {sorted(known)}")
-        return cls(**{k.replace("-", "_"): v for k, v in values.items()})
+        return cls(**values)
 
     def replace(self, **changes: Any) -> JobSpec:
         return dataclasses.replace(self, **changes)

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from jobs.cli import storage_option
 from jobs.manifest import ERRORS_DIR, Manifest
 from jobs.plan import input_fingerprint, list_inputs, plan_units
 from jobs.spec import JobSpec
@@ -45,18 +45,14 @@ class Verification:
 
 
 def _read(uri: str, options: dict) -> bytes | None:
-    fs, path = storage.resolve(uri, options)
-    if fs.get_file_info(path).type == pafs.FileType.NotFound:
-        return None
-    with fs.open_input_stream(path) as f:
-        return f.read()
+    return storage.read_bytes(*storage.resolve(uri, options))
 
 
 def _input_keys(spec: JobSpec, unit: Unit) -> list:
     if spec.id_column:
         return read_unit(unit, [spec.id_column], spec.storage_options).column(spec.id_column).to_pylist()
-    rows = read_unit(unit, [spec.text_column], spec.storage_options).num_rows
-    return [f"{unit.uri}#{r}" for r in range(unit.row_offset, unit.row_offset + rows)]
+    rows = unit.num_rows if unit.num_rows >= 0 else read_unit(unit, [spec.text_column], spec.storage_options).num_rows
+    return unit.row_keys(rows)
 
 
 def _align(part: list, whole: list) -> list[int] | None:
@@ -105,7 +101,8 @@ def verify(output: str, storage_options: dict | None = None, reference: int = 0,
             result.problems.append(f"{unit.name}: shard checksum differs from its commit record")
             continue
         table = pq.read_table(pa.BufferReader(data))
-        shards[unit.name] = table
+        if reference:  # only the reference check reads the values back
+            shards[unit.name] = table
         schemas.add(table.schema.remove_metadata().to_string())
         provenance = json.loads(table.schema.metadata[b"pooljobs"])
         if provenance.get("model_sha256") != job["model_sha256"]:
@@ -144,13 +141,13 @@ def _reference_check(spec: JobSpec, units: list[Unit], shards: dict[str, pa.Tabl
     `positions[unit][i]` is the unit's input row of shard row i."""
     from states.runtime import Runtime
     from workers.packing import PackPlan, build_pack
-    from workers.tokenize import BatchTokenizer
+    from workers.tokenize import TokenizerSpec
 
     column = {"embed": "embedding", "classify": "probs", "score": "score"}[spec.task]
     if spec.task == "embed" and spec.output_dtype == "binary":
         raise ValueError("--reference cannot compare binary (sign-bit) embeddings by cosine")
     runtime = Runtime(spec.replace(execution="padded", dtype="float32", device="cpu").model_options)
-    tokenize = BatchTokenizer.from_hf(runtime.tokenizer, runtime.max_length, runtime.prompt)
+    tokenize = TokenizerSpec.from_hf(runtime.tokenizer, runtime.max_length, runtime.prompt).build()
     rng = np.random.default_rng(seed)
     picks = [(name, i) for name in positions for i in range(len(positions[name]))]
     chosen: dict[str, list[int]] = {}
@@ -177,9 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("output", help="the output directory or URI of a pooljobs job")
     parser.add_argument("--reference", type=int, default=0, metavar="N", help="recompute N sampled rows")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE", type=storage_option)
     args = parser.parse_args(argv)
-    options = dict(kv.split("=", 1) for kv in args.storage_option)
+    options = dict(args.storage_option)
     result = verify(args.output, options, args.reference, args.seed)
     print(f"jobs.verify: {result.rows:,} rows, {result.quarantined:,} quarantined, {result.duplicate_ids:,} repeated ids"
           + (f", reference min cosine {result.min_cos:.6f}" if result.min_cos is not None else ""))

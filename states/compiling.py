@@ -17,15 +17,14 @@ def repeated_blocks(model: nn.Module) -> list[nn.Module]:
     (two or more) members share one class; found by structure, so wrappers (PEFT,
     user modules) do not hide them."""
     blocks: list[nn.Module] = []
+    inside: set[int] = set()  # ids of modules within blocks already taken (nested lists are not stacks)
     for module in model.modules():
+        if id(module) in inside:
+            continue
         if isinstance(module, nn.ModuleList) and len(module) > 1 and len({type(m) for m in module}) == 1:
-            if not any(b is module or _contains(b, module) for b in blocks):
-                blocks.extend(module)
+            blocks.extend(module)
+            inside.update(id(m) for m in module.modules())
     return blocks
-
-
-def _contains(outer: nn.Module, inner: nn.Module) -> bool:
-    return any(m is inner for m in outer.modules())
 
 
 def compile_blocks(model: nn.Module) -> int:

@@ -43,10 +43,6 @@ class Pack:
     def num_seqs(self) -> int:
         return self.cu_seqlens.numel() - 1
 
-    @property
-    def num_tokens(self) -> int:
-        return self.input_ids.numel()
-
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Pack:
         move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)  # noqa: E731
         return Pack(

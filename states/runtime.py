@@ -111,8 +111,7 @@ class Runtime:
         self.prompt = self._prompt(options.prompt_name)
         self.labels = self._labels()
         self.compiled = self._compile(options.compile)
-        if self.device.type == "cuda":
-            self.warm_up()
+        self.output_shapes = self.warm_up()
 
     def _compile(self, choice: str) -> bool:
         if choice not in COMPILE_CHOICES:
@@ -120,12 +119,13 @@ class Runtime:
         wanted = choice == "on" or (choice == "auto" and self.device.type == "cuda" and self.state.packed)
         return wanted and compile_blocks(self.state.model) > 0
 
-    def warm_up(self) -> None:
-        """One small forward at load time: kernels load and compiled blocks compile now,
-        not in the first unit, and a model that cannot run fails before taking work."""
+    def warm_up(self) -> dict[str, tuple[int, ...]]:
+        """One small forward at load time: CUDA kernels load and compiled blocks compile
+        now, not in the first unit, and a model that cannot run fails before taking work.
+        Returns each output's per-row shape (what a unit with no usable row still writes)."""
         ids = self.tokenizer("pooljobs warm-up: a short text.")["input_ids"]
-        self.compute(Pack.from_sequences([ids, ids[: max(2, len(ids) // 2)]]).to(self.device))
-        torch.cuda.synchronize(self.device)
+        out = self.compute(Pack.from_sequences([ids, ids[: max(2, len(ids) // 2)]]).to(self.device))
+        return {k: tuple(v.shape[1:]) for k, v in out.items()}
 
     def _prompt(self, name: str | None) -> str:
         name = name or self.settings.default_prompt_name

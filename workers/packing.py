@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from states.interface import Pack
-from workers.tokenize import Encoded, gather_index
+from workers.tokenize import Encoded
 
 
 @dataclass
@@ -36,17 +36,15 @@ def plan_packs(lengths: np.ndarray, max_tokens: int, max_seqs: int) -> list[Pack
 
 
 def build_pack(encoded: Encoded, plan: PackPlan) -> Pack:
-    """Gather the planned sequences' ids into a CPU `Pack` (vectorized; no per-row Python)."""
-    lengths = encoded.lengths[plan.rows]  # (B,)
-    index = gather_index(encoded.offsets[:-1][plan.rows], lengths)  # (T,)
-    cu = np.zeros(len(lengths) + 1, dtype=np.int32)
-    np.cumsum(lengths, out=cu[1:])
-    positions = np.arange(len(index), dtype=np.int64) - np.repeat(cu[:-1].astype(np.int64), lengths)  # (T,)
-    types = None if encoded.type_ids is None else torch.from_numpy(encoded.type_ids[index].astype(np.int64))
+    """The planned sequences as a CPU `Pack` (a vectorized gather; no per-row Python)."""
+    picked = encoded.select(plan.rows)
+    lengths = picked.lengths  # (B,)
+    positions = np.arange(len(picked.ids), dtype=np.int64) - np.repeat(picked.offsets[:-1], lengths)  # (T,)
+    types = None if picked.type_ids is None else torch.from_numpy(picked.type_ids.astype(np.int64))
     return Pack(
-        input_ids=torch.from_numpy(encoded.ids[index].astype(np.int64)),
+        input_ids=torch.from_numpy(picked.ids.astype(np.int64)),
         position_ids=torch.from_numpy(positions),
         token_type_ids=types,
-        cu_seqlens=torch.from_numpy(cu),
+        cu_seqlens=torch.from_numpy(picked.offsets.astype(np.int32)),
         max_len=int(lengths.max()),
     )

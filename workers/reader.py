@@ -36,6 +36,11 @@ class Unit:
     num_rows: int  # rows in the unit (-1: the whole file, counted when read)
     row_groups: tuple[int, ...] = ()  # parquet row groups; empty for other formats
 
+    def row_keys(self, rows: int) -> list[str]:
+        """`file#row` keys of the unit's first `rows` rows: the output key without an id
+        column, stable for the same input."""
+        return [f"{self.uri}#{r}" for r in range(self.row_offset, self.row_offset + rows)]
+
 
 def read_unit(unit: Unit, columns: list[str], storage_options: dict | None = None) -> pa.Table:
     """The unit's rows, only `columns`. Raises InputError naming the file on any failure."""
@@ -74,8 +79,11 @@ def check_text_types(schema: pa.Schema, columns: list[str], uri: str) -> None:
     """Fail early (before any model loads) when a text column exists but holds no text."""
     for column in columns:
         if column in schema.names and not _is_text(schema.field(column).type):
-            raise InputError(f"{uri}: column {column!r} has type {schema.field(column).type}; "
-                             "expected a string (or UTF-8 binary) column")
+            raise _not_text(uri, column, schema.field(column).type)
+
+
+def _not_text(uri: str, column: str, kind: pa.DataType) -> InputError:
+    return InputError(f"{uri}: column {column!r} has type {kind}; expected a string (or UTF-8 binary) column")
 
 
 def text_column(table: pa.Table, column: str, uri: str) -> tuple[list[str | None], list[str | None]]:
@@ -104,6 +112,5 @@ def text_column(table: pa.Table, column: str, uri: str) -> tuple[list[str | None
             except UnicodeDecodeError as e:
                 texts.append(None), reasons.append(f"invalid UTF-8 at byte {e.start}")
         return texts, reasons
-    check_text_types(table.schema, [column], uri)
-    raise AssertionError("unreachable: check_text_types raised")
+    raise _not_text(uri, column, kind)
 

@@ -25,10 +25,17 @@ def resolve(uri: str, options: dict | None = None) -> tuple[pafs.FileSystem, str
         except TypeError as e:  # an unknown or mistyped option: say which filesystem took it
             raise ValueError(f"storage_options for {scheme}:// rejected by {_SCHEMES[scheme].__name__}: {e}") from e
         return fs, unquote(f"{parsed.netloc}{parsed.path}").rstrip("/")
-    if scheme and len(scheme) > 1:
+    if remote_scheme(uri):
         fs, path = pafs.FileSystem.from_uri(uri)
         return fs, path.rstrip("/")
     return pafs.LocalFileSystem(), str(Path(uri).absolute())
+
+
+def remote_scheme(uri: str) -> str | None:
+    """The URI's filesystem scheme; None for a local path (a one-letter "scheme" is a
+    Windows drive)."""
+    scheme = urlparse(uri).scheme
+    return scheme if len(scheme) > 1 else None
 
 
 def uri(scheme: str, path: str) -> str:
@@ -42,3 +49,18 @@ def join(base: str, *parts: str) -> str:
 
 def is_local(fs: pafs.FileSystem) -> bool:
     return isinstance(fs, pafs.LocalFileSystem)
+
+
+def read_bytes(fs: pafs.FileSystem, path: str) -> bytes | None:
+    """The file's bytes, or None when it does not exist."""
+    if fs.get_file_info(path).type == pafs.FileType.NotFound:
+        return None
+    with fs.open_input_stream(path) as f:
+        return f.read()
+
+
+def list_dir(fs: pafs.FileSystem, path: str) -> list[pafs.FileInfo]:
+    """The entries directly in `path`, by name; none when it does not exist."""
+    if fs.get_file_info(path).type == pafs.FileType.NotFound:
+        return []
+    return sorted(fs.get_file_info(pafs.FileSelector(path)), key=lambda e: e.base_name)

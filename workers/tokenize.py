@@ -9,9 +9,10 @@ with special tokens, overlapping the previous by `stride` tokens).
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 from tokenizers import Encoding, Tokenizer
@@ -80,12 +81,7 @@ class BatchTokenizer:
             self.backend.enable_truncation(max_length, stride=stride if chunk else 0)
         except Exception as e:
             raise ValueError(f"chunk_stride={stride} must be smaller than max_length={max_length} less special tokens") from e
-        self.max_length, self.prompt, self.chunk, self.with_type_ids = max_length, prompt, chunk, with_type_ids
-
-    @classmethod
-    def from_hf(cls, hf_tokenizer, max_length: int, prompt: str = "", chunk: bool = False, stride: int = 0) -> BatchTokenizer:
-        return cls(hf_tokenizer.backend_tokenizer.to_str(), max_length, "token_type_ids" in hf_tokenizer.model_input_names,
-                   prompt, chunk, stride)
+        self.prompt, self.chunk, self.with_type_ids = prompt, chunk, with_type_ids
 
     def __call__(self, texts: list[str], pairs: list[str] | None = None) -> Encoded:
         if self.prompt:
@@ -105,6 +101,31 @@ class BatchTokenizer:
         # Single texts have all-zero token types, which is also the models' default: skip them.
         types = _flatten(encodings, "type_ids") if self.with_type_ids and pairs is not None else None
         return Encoded(_flatten(encodings, "ids"), offsets, types, truncated, source.astype(np.int64), chunk)
+
+
+@dataclass(frozen=True)
+class TokenizerSpec:
+    """Everything needed to build a `BatchTokenizer`, here or in another process."""
+
+    backend_json: str
+    max_length: int
+    with_type_ids: bool
+    prompt: str = ""
+    chunk: bool = False
+    stride: int = 0
+
+    @classmethod
+    def from_hf(cls, hf_tokenizer, max_length: int, prompt: str = "", chunk: bool = False, stride: int = 0) -> TokenizerSpec:
+        """From a transformers fast tokenizer (its Rust backend, serialized)."""
+        return cls(hf_tokenizer.backend_tokenizer.to_str(), max_length, "token_type_ids" in hf_tokenizer.model_input_names,
+                   prompt, chunk, stride)
+
+    def build(self) -> BatchTokenizer:
+        return BatchTokenizer(**asdict(self))
+
+    @property
+    def key(self) -> str:
+        return hashlib.sha256(repr(asdict(self)).encode()).hexdigest()
 
 
 @dataclass

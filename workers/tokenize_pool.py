@@ -11,37 +11,16 @@ the Rust tokenizer spreads each batch over the host's cores.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from workers.tokenize import BatchTokenizer, EncodedWindow, encode_window
+from workers.tokenize import BatchTokenizer, EncodedWindow, TokenizerSpec, encode_window
 
 Pending = Callable[[], EncodedWindow]  # blocks until the window is tokenized
-
-
-@dataclass(frozen=True)
-class TokenizerSpec:
-    """Everything needed to rebuild a `BatchTokenizer` in another process."""
-
-    backend_json: str
-    max_length: int
-    with_type_ids: bool
-    prompt: str = ""
-    chunk: bool = False
-    stride: int = 0
-
-    def build(self) -> BatchTokenizer:
-        return BatchTokenizer(**asdict(self))
-
-    @property
-    def key(self) -> str:
-        return hashlib.sha256(repr(asdict(self)).encode()).hexdigest()
 
 
 class ThreadTokenizer:
@@ -68,8 +47,9 @@ def _built(key: str, spec_ref: list) -> BatchTokenizer:
         import ray
 
         _BUILT[key] = ray.get(spec_ref[0]).build()
-        while len(_BUILT) > 4:
+        while len(_BUILT) > 4:  # least recently used first
             _BUILT.popitem(last=False)
+    _BUILT.move_to_end(key)
     return _BUILT[key]
 
 

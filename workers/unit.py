@@ -6,7 +6,7 @@ only holds it. A unit's windows are all sent to tokenizing at once (Ray CPU task
 GPU worker, else a background thread: `workers.tokenize_pool`) and forwarded in order as
 they arrive; packs launch asynchronously and the outputs come back in one copy per unit.
 `run` may be called from two threads at once: the device goes to one unit at a time
-(`_device_lock`), so one unit is written while the next forwards and a third tokenizes.
+(`_device_lock`), so one unit forwards while the other is read, tokenized or written.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from states.runtime import Runtime
 from workers import storage
 from workers.packing import PackPlan, build_pack, plan_packs
 from workers.reader import Unit, read_unit, text_column
-from workers.tokenize import Encoded
-from workers.tokenize_pool import RayTokenizer, ThreadTokenizer, TokenizerSpec
+from workers.tokenize import Encoded, TokenizerSpec
+from workers.tokenize_pool import RayTokenizer, ThreadTokenizer
 from workers.writer import output_columns, write_table
 
 VERSION = "0.1.0"
@@ -92,11 +92,8 @@ class UnitRunner:
         `tokenize_in_tasks`: tokenize in Ray CPU tasks (for GPU workers inside Ray)."""
         self.spec = spec
         self.runtime = runtime or Runtime(spec.model_options)
-        self.tokenizer_spec = TokenizerSpec(
-            self.runtime.tokenizer.backend_tokenizer.to_str(), self.runtime.max_length,
-            "token_type_ids" in self.runtime.tokenizer.model_input_names, self.runtime.prompt,
-            chunk=spec.overlong == "chunk", stride=spec.chunk_stride,
-        )
+        self.tokenizer_spec = TokenizerSpec.from_hf(self.runtime.tokenizer, self.runtime.max_length, self.runtime.prompt,
+                                                    chunk=spec.overlong == "chunk", stride=spec.chunk_stride)
         self.tokenizer = (RayTokenizer(self.tokenizer_spec, spec.max_retries) if tokenize_in_tasks
                           else ThreadTokenizer(self.tokenizer_spec))
         self.max_tokens = spec.max_tokens or default_max_tokens(self.runtime)
@@ -166,7 +163,8 @@ class UnitRunner:
                         chunks.append(enc.chunk[pack_rows])
                         outputs.append(out)
             # One copy per output once every pack is launched; it waits for the device.
-            host = {k: torch.cat([o[k] for o in outputs]).cpu().numpy() for k in outputs[0]} if outputs else {}
+            host = {k: torch.cat([o[k] for o in outputs]).cpu().numpy() if outputs else np.zeros((0, *shape), np.float32)
+                    for k, shape in self.runtime.output_shapes.items()}
             clock["forward"] = time.perf_counter() - t - clock["wait_tokens"]
 
         if bad and spec.on_error == "fail":
@@ -194,7 +192,7 @@ class UnitRunner:
         order; with chunk_aggregate='mean', one row per text: the mean of its windows,
         renormalized when normalizing."""
         if not rows:
-            return np.zeros(0, np.int64), np.zeros(0, np.int32), {}
+            return np.zeros(0, np.int64), np.zeros(0, np.int32), outputs
         rows, chunks = np.concatenate(rows), np.concatenate(chunks)
         order = np.lexsort((chunks, rows))
         outputs = {k: v[order] for k, v in outputs.items()}
@@ -211,8 +209,7 @@ class UnitRunner:
         """(name, values): the id column, or `file#row` keys, stable for the same input."""
         if self.spec.id_column:
             return self.spec.id_column, table.column(self.spec.id_column).combine_chunks()
-        rows = range(unit.row_offset, unit.row_offset + table.num_rows)
-        return "row_key", pa.array([f"{unit.uri}#{r}" for r in rows], type=pa.string())
+        return "row_key", pa.array(unit.row_keys(table.num_rows), type=pa.string())
 
     def _write_errors(self, unit: Unit, key_name: str, keys: pa.Array, bad: dict[int, str]) -> None:
         rows = sorted(bad)

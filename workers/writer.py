@@ -45,12 +45,11 @@ def output_columns(outputs: dict[str, np.ndarray], output_dtype: str, labels: li
     if "score" in outputs:
         cols["score"] = pa.array(outputs["score"].astype(np.float32))
     if "probs" in outputs:
-        probs = outputs["probs"].astype(np.float32)
-        cols["label"] = pa.array([labels[i] for i in probs.argmax(axis=1)]) if labels else pa.array(probs.argmax(axis=1))
-        cols["probs"] = pa.FixedSizeListArray.from_arrays(pa.array(probs.reshape(-1)), probs.shape[1])
+        best = pa.array(outputs["probs"].argmax(axis=1))
+        cols["label"] = pa.array(labels).take(best) if labels else best
+        cols["probs"] = embedding_array(outputs["probs"], "float32")
     if "logits" in outputs:
-        logits = outputs["logits"].astype(np.float32)
-        cols["logits"] = pa.FixedSizeListArray.from_arrays(pa.array(logits.reshape(-1)), logits.shape[1])
+        cols["logits"] = embedding_array(outputs["logits"], "float32")
     return cols
 
 

@@ -152,10 +152,11 @@ def test_oom_splits_the_pack_and_output_is_unchanged(make_spec, tmp_path, monkey
     clean = runner.run(unit)
     clean_table = pq.read_table(tmp_path / "a" / f"{unit.name}.parquet")
     monkeypatch.setattr(runner.runtime, "compute", flaky)
-    result = runner.run(unit)
-    assert calls["oom"] > 0 and runner.max_tokens < 4096
+    split = UnitRunner(spec.replace(output=str(tmp_path / "b")), runner.runtime)  # its own shard
+    result = split.run(unit)
+    assert calls["oom"] > 0 and split.max_tokens < 4096
     assert result.rows == clean.rows and result.tokens == clean.tokens
-    split_table = pq.read_table(tmp_path / "a" / f"{unit.name}.parquet")
+    split_table = pq.read_table(tmp_path / "b" / f"{unit.name}.parquet")
     assert split_table.column("id").equals(clean_table.column("id"))
     # Smaller packs change CPU matmul blocking, so values agree to rounding, not bitwise.
     vectors = lambda t: np.stack(t.column("embedding").to_numpy(zero_copy_only=False))  # noqa: E731

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from jobs.plan import list_inputs, plan_units
+from workers.tokenize_pool import RayTokenizer, ThreadTokenizer
 from workers.unit import UnitRunner
 
 
@@ -14,6 +15,7 @@ def test_ray_task_tokenizing_matches_in_process(ray_instances, make_spec, tmp_pa
     units = plan_units(spec, list_inputs(spec))[:2]
     in_process = UnitRunner(spec)
     in_tasks = UnitRunner(spec.replace(output=str(tmp_path / "tasks")), in_process.runtime, tokenize_in_tasks=True)
+    assert isinstance(in_tasks.tokenizer, RayTokenizer) and isinstance(in_process.tokenizer, ThreadTokenizer)
     for unit in units:
         want, got = in_process.run(unit), in_tasks.run(unit)
         assert got.tokens == want.tokens > 0 and got.rows == want.rows

@@ -63,3 +63,20 @@ def test_dropped_row_is_found_even_with_matching_checksum(output):
 def test_not_a_pooljobs_output(tmp_path):
     (tmp_path / "x").mkdir()
     assert verify_main([str(tmp_path / "x")]) == 1
+
+
+def test_unit_with_every_row_quarantined_keeps_the_shard_schema(make_spec, tmp_path):
+    """Such a unit still writes its (empty) embedding column, so shards share one schema."""
+    import pyarrow as pa
+
+    data = tmp_path / "in"
+    data.mkdir()
+    pq.write_table(pa.table({"id": ["a", "b"], "text": ["alpha", "beta gamma"]}), data / "0.parquet")
+    pq.write_table(pa.table({"id": ["c", "d"], "text": pa.array([None, None], pa.string())}), data / "1.parquet")
+    out = tmp_path / "out"
+    outcome = run_job(make_spec(out, input=str(data), backend="local"))
+    assert outcome.ok and outcome.report["rows_quarantined"] == 2
+    schemas = {pq.read_schema(p).remove_metadata() for p in out.glob("part-*.parquet")}
+    assert len(schemas) == 1 and "embedding" in next(iter(schemas)).names
+    result = verify(str(out))
+    assert result.ok, result.problems

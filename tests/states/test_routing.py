@@ -83,11 +83,10 @@ TABLE = [
     ("encoder-decoder flag beats a bert config", False, "bert", {"is_encoder_decoder": True}, ENCDEC),
     ("encoder-decoder flag beats declared bidirectional", True, "bert", {"is_encoder_decoder": True}, ENCDEC),
     ("declared bidirectional beats SSM fields", True, "bert", {"state_size": 16}, ENC),
-    ("declared bidirectional beats the causal-LM family", True, "bert", {}, ENC),
     ("SSM fields beat declared causal", True, "qwen3", {"state_size": 16}, REC),
     ("non-attention layer_types beat declared causal", True, "qwen3",
      {"layer_types": ["full_attention", "mamba"]}, REC),
-    ("declared causal beats the masked-LM family", True, "modernbert", {"is_decoder": True}, ENC),
+    ("declared bidirectional beats is_decoder", True, "modernbert", {"is_decoder": True}, ENC),
 ]
 
 

@@ -76,3 +76,7 @@ def test_windows_ramp_up_then_cover_every_row_once(rows, window):
     sizes = [b - a for a, b in bounds]
     assert all(s <= window for s in sizes) and (not sizes or sizes[0] == min(RAMP_ROWS, window, rows))
     assert all(x <= y for x, y in zip(sizes[:-2], sizes[1:-1]))  # non-decreasing up to the last (partial) one
+    if rows == 5000:
+        assert sizes == [128, 256, 512, 1024, 1024, 1024, 1024, 8]  # doubling, then window-sized
+    if rows == 100_000:
+        assert max(sizes) == window
