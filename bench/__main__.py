@@ -85,13 +85,15 @@ def timed(fn) -> float:
     return time.perf_counter() - t
 
 
-def run_pooljobs(model_dir: Path, corpus: Path, out: Path, pooling: str) -> tuple[float, dict, np.ndarray]:
+def run_pooljobs(model_dir: Path, corpus: Path, out: Path, pooling: str, args: argparse.Namespace
+                 ) -> tuple[float, dict, np.ndarray]:
     from jobs.driver import init_ray, run_job
     from jobs.spec import JobSpec
 
     init_ray(None)
     spec = JobSpec(input=str(corpus), output=str(out), model=str(model_dir), id_column="id", pooling=pooling,
-                   normalize=True, num_workers=1, overwrite=True, unit_rows=20_000, progress=None)
+                   normalize=True, num_workers=1, overwrite=True, unit_rows=args.unit_rows, progress=None,
+                   **({"window_rows": args.window_rows} if args.window_rows else {}))
     outcome = run_job(spec)
     assert outcome.ok, outcome.failed
     table = pq.read_table(out, columns=["id", "embedding"]).sort_by("id")
@@ -177,7 +179,7 @@ def bench_shape(shape: str, args: argparse.Namespace, texts: list[str], lengths:
     flops = float(flops_per_row(shape, lengths).sum())
     if args.profile:
         profile_forward(model_dir, texts, pooling)
-    pj_s, report, pj_emb = run_pooljobs(model_dir, corpus, root / f"out-{shape}", pooling)
+    pj_s, report, pj_emb = run_pooljobs(model_dir, corpus, root / f"out-{shape}", pooling, args)
     print(f"#   {shape}: pooljobs {pj_s:.1f}s", flush=True)
     plain_s, ref = run_plain(model_dir, texts, pooling)
     print(f"#   {shape}: transformers loop {plain_s:.1f}s", flush=True)
@@ -188,7 +190,8 @@ def bench_shape(shape: str, args: argparse.Namespace, texts: list[str], lengths:
         mfu = flops / sec / (args.peak_tflops * 1e12)
         agreement = f"{cos.min():.5f}" if name == "pooljobs e2e" else ""
         print(f"| {shape} | {name} | {tokens / sec:,.0f} | {len(texts) / sec:,.0f} | {mfu:.1%} | {st_s / sec:.2f}x | {agreement} |")
-    print(f"#   pooljobs {shape}: padding efficiency {report['padding_efficiency']:.3f}, stage seconds "
+    busy = report["stage_seconds"]["forward"] / pj_s
+    print(f"#   pooljobs {shape}: device busy {busy:.1%} of the run, padding efficiency {report['padding_efficiency']:.3f}, stage seconds "
           f"{ {k: round(v, 2) for k, v in report['stage_seconds'].items()} }, worker {report['workers'][0]}", flush=True)
     assert cos.min() >= 0.999, f"{shape}: pooljobs disagrees with the padded reference (min cos {cos.min():.5f})"
     return {"shape": shape, "tokens": tokens, "docs": len(texts), "seconds": dict(rows), "min_cos": float(cos.min()),
@@ -201,6 +204,8 @@ def main() -> None:
     parser.add_argument("--docs", type=int, default=40_000)
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--peak-tflops", type=float, default=792.0, help="measured bf16 matmul peak of the GPU")
+    parser.add_argument("--unit-rows", type=int, default=20_000, help="pooljobs' rows per work unit")
+    parser.add_argument("--window-rows", type=int, help="pooljobs' rows per tokenizing window (default: the job default)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--profile", action="store_true", help="also profile one window per shape in-process")
     args = parser.parse_args()

@@ -63,7 +63,7 @@ class JobSpec:
     allow_pickle: bool = _f(False, "allow pickle (.bin) weights, which can run code when loaded")
     on_error: str = _f("quarantine", "bad rows: quarantine them under OUT/_errors or fail the unit", ON_ERROR)
     unit_rows: int = _f(50_000, "rows per work unit (one output shard each)")
-    window_rows: int = _f(1024, "rows tokenized together (one CPU task on GPU workers) and sorted by length before packing")
+    window_rows: int = _f(256, "rows tokenized together (one CPU task on GPU workers) and sorted by length before packing")
     max_tokens: int | None = _f(None, "token budget per forward (default: sized from free device memory)")
     num_workers: int | None = _f(None, "actors to start (default: one per GPU, or one CPU worker without GPUs)")
     max_retries: int = _f(3, "times a failing unit is retried before it is recorded as failed")

@@ -87,7 +87,8 @@ class BatchTokenizer:
         if self.prompt:
             texts = [self.prompt + t for t in texts]
         inputs = texts if pairs is None else list(zip(texts, pairs))
-        encodings = self.backend.encode_batch(inputs, add_special_tokens=True)
+        # `_fast` skips character offsets, which pooling never uses: ~20% faster.
+        encodings = self.backend.encode_batch_fast(inputs, add_special_tokens=True)
         truncated = np.fromiter((bool(e.overflowing) for e in encodings), dtype=bool, count=len(encodings))
         if self.chunk:
             windows = [[e, *e.overflowing] for e in encodings]

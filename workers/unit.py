@@ -15,6 +15,7 @@ import json
 import socket
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -29,11 +30,11 @@ from workers.packing import PackPlan, build_pack, plan_packs
 from workers.reader import Unit, read_unit, text_column
 from workers.tokenize import Encoded, TokenizerSpec
 from workers.tokenize_pool import RayTokenizer, ThreadTokenizer
-from workers.writer import output_columns, write_table
+from workers.writer import ShardWriter, output_columns, write_table
 
-VERSION = "0.1.0"
+VERSION = "0.2.0"  # output shards: non-null vector columns, row group per ~8 MB
 MAX_SEQS_PER_PACK = 4096
-RAMP_ROWS = 128
+RAMP_ROWS = 32
 
 
 class RowError(ValueError):
@@ -84,6 +85,33 @@ def window_bounds(rows: int, window_rows: int) -> list[tuple[int, int]]:
     return bounds
 
 
+class DeviceTimer:
+    """Time the device spends on the work queued between construction and `stop`: CUDA
+    events on a GPU (the host only sees launch time), the host clock elsewhere (where
+    compute is synchronous). The end event also marks when a window's outputs are home."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self._start = self._mark()
+
+    def _mark(self) -> torch.cuda.Event | float:
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True, blocking=True)  # blocking: the waiter sleeps, not spins
+        event.record()
+        return event
+
+    def stop(self) -> None:
+        self._end = self._mark()
+
+    def seconds(self) -> float:
+        """Waits for the device to reach `stop`."""
+        if not self.cuda:
+            return self._end - self._start
+        self._end.synchronize()
+        return self._start.elapsed_time(self._end) / 1e3
+
+
 class UnitRunner:
     def __init__(self, spec: JobSpec, runtime: Runtime | None = None, model_sha256: str | None = None,
                  tokenize_in_tasks: bool = False) -> None:
@@ -99,6 +127,7 @@ class UnitRunner:
         self.max_tokens = spec.max_tokens or default_max_tokens(self.runtime)
         self.worker = f"{socket.gethostname()}:{self.runtime.device}"
         self._device_lock = threading.Lock()
+        self._writes = ThreadPoolExecutor(max_workers=1, thread_name_prefix="write")  # windows' rows, in order
         self.metadata = {"pooljobs_version": VERSION, **self.runtime.provenance(),
                          "output_dtype": spec.output_dtype, "model_sha256": model_sha256 or self.runtime.fingerprint()}
 
@@ -135,6 +164,7 @@ class UnitRunner:
         columns = [c for c in (spec.text_column, spec.pair_column, spec.id_column) if c]
         table = read_unit(unit, list(dict.fromkeys(columns)), spec.storage_options)
         texts, pairs, reasons = self._texts(unit, table)
+        keys = self._keys(unit, table)
         clock["read"] = time.perf_counter() - t0
 
         good = np.array([i for i, r in enumerate(reasons) if r is None], dtype=np.int64)
@@ -143,10 +173,12 @@ class UnitRunner:
         pending = [self.tokenizer.submit(w, [texts[i] for i in w], None if pairs is None else [pairs[i] for i in w])
                    for w in windows]  # all of the unit's windows: tokenizing runs ahead of the device
 
-        rows, chunks, outputs = [], [], []
+        shard = ShardWriter(storage.join(self._out(), f"{unit.name}.parquet"), spec.storage_options)
+        parts: list[Future] = []
         tokens = padded = truncated = 0
-        with self._device_lock:  # one unit at a time on the device; the next one tokenizes meanwhile
-            t = time.perf_counter()
+        # One unit launches at a time; the lock is released once its last pack is queued,
+        # so the next unit's packs follow on the device without a gap.
+        with self._device_lock:
             for get in pending:
                 w = time.perf_counter()
                 window = get()
@@ -155,6 +187,8 @@ class UnitRunner:
                 bad.update(window.rejected)
                 enc, lengths = window.encoded, window.encoded.lengths
                 tokens, truncated = tokens + window.tokens, truncated + int(enc.truncated.sum())
+                timer = DeviceTimer(self.runtime.device)
+                rows, chunks, outputs = [], [], []
                 for plan in plan_packs(lengths, self.max_tokens, MAX_SEQS_PER_PACK):
                     for pack_rows, out in self._forward(enc, plan):
                         padded += int(lengths[pack_rows].sum()) if self.runtime.state.packed else \
@@ -162,29 +196,43 @@ class UnitRunner:
                         rows.append(window.kept[enc.source[pack_rows]])
                         chunks.append(enc.chunk[pack_rows])
                         outputs.append(out)
-            # One copy per output once every pack is launched; it waits for the device.
-            host = {k: torch.cat([o[k] for o in outputs]).cpu().numpy() if outputs else np.zeros((0, *shape), np.float32)
-                    for k, shape in self.runtime.output_shapes.items()}
-            clock["forward"] = time.perf_counter() - t - clock["wait_tokens"]
+                # One copy per output per window, not waited for here: the writer thread
+                # waits for the device to pass `timer`'s end, then encodes the rows.
+                host = {k: torch.cat([o[k] for o in outputs]).to("cpu", non_blocking=True) if outputs
+                        else torch.zeros((0, *shape)) for k, shape in self.runtime.output_shapes.items()}
+                timer.stop()
+                parts.append(self._writes.submit(self._write_part, shard, keys, rows, chunks, host, timer))
+        for part in parts:
+            device_s, write_s = part.result()
+            clock["forward"] += device_s
+            clock["write"] += write_s
 
         if bad and spec.on_error == "fail":
             row = min(bad)
             raise RowError(f"{unit.uri}: row {unit.row_offset + row}: {bad[row]} (on_error='fail')")
         t = time.perf_counter()
-        rows, chunks, host = self._assemble(rows, chunks, host)
-        key_name, keys = self._keys(unit, table)
-        columns = {key_name: keys.take(pa.array(rows, type=pa.int64()))}
-        if spec.overlong == "chunk" and spec.chunk_aggregate == "none":
-            columns["chunk"] = pa.array(chunks, type=pa.int32())
-        shard = pa.table({**columns, **output_columns(host, spec.output_dtype, self.runtime.labels)})
-        shard = shard.replace_schema_metadata({"pooljobs": json.dumps(self.metadata)})
         if bad:
-            self._write_errors(unit, key_name, keys, bad)
-        nbytes, checksum = write_table(storage.join(self._out(), f"{unit.name}.parquet"), shard, spec.storage_options)
-        clock["write"] = time.perf_counter() - t
-        duplicates = len(keys) - len(pc.unique(keys)) if spec.id_column else 0
-        return UnitResult(unit.name, shard.num_rows, len(bad), tokens, padded, truncated, duplicates, checksum, nbytes,
+            self._write_errors(unit, keys, bad)
+        nbytes, checksum = shard.commit()
+        clock["write"] += time.perf_counter() - t
+        duplicates = len(keys[1]) - len(pc.unique(keys[1])) if spec.id_column else 0
+        return UnitResult(unit.name, shard.rows, len(bad), tokens, padded, truncated, duplicates, checksum, nbytes,
                           shard.schema.remove_metadata().to_string(), self.worker, clock)
+
+    def _write_part(self, shard: ShardWriter, keys: tuple[str, pa.Array], rows: list[np.ndarray],
+                    chunks: list[np.ndarray], host: dict[str, torch.Tensor], timer: DeviceTimer) -> tuple[float, float]:
+        """One window's rows into the shard, in input order (on the writer thread, once the
+        device has produced them); (device seconds, host seconds) spent on them."""
+        device_s = timer.seconds()
+        t = time.perf_counter()
+        rows, chunks, outputs = self._assemble(rows, chunks, {k: v.numpy() for k, v in host.items()})
+        key_name, key_values = keys
+        columns = {key_name: key_values.take(pa.array(rows, type=pa.int64()))}
+        if self.spec.overlong == "chunk" and self.spec.chunk_aggregate == "none":
+            columns["chunk"] = pa.array(chunks, type=pa.int32())
+        part = pa.table({**columns, **output_columns(outputs, self.spec.output_dtype, self.runtime.labels)})
+        shard.write(part.replace_schema_metadata({"pooljobs": json.dumps(self.metadata)}))
+        return device_s, time.perf_counter() - t
 
     def _assemble(self, rows: list[np.ndarray], chunks: list[np.ndarray], outputs: dict[str, np.ndarray]
                   ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
@@ -211,10 +259,11 @@ class UnitRunner:
             return self.spec.id_column, table.column(self.spec.id_column).combine_chunks()
         return "row_key", pa.array(unit.row_keys(table.num_rows), type=pa.string())
 
-    def _write_errors(self, unit: Unit, key_name: str, keys: pa.Array, bad: dict[int, str]) -> None:
+    def _write_errors(self, unit: Unit, keys: tuple[str, pa.Array], bad: dict[int, str]) -> None:
         rows = sorted(bad)
+        key_name, key_values = keys
         table = pa.table({
-            key_name: keys.take(pa.array(rows, type=pa.int64())),
+            key_name: key_values.take(pa.array(rows, type=pa.int64())),
             "file": pa.array([unit.uri] * len(rows)),
             "row": pa.array([unit.row_offset + r for r in rows], type=pa.int64()),
             "reason": pa.array([bad[r] for r in rows]),
@@ -226,3 +275,4 @@ class UnitRunner:
 
     def close(self) -> None:
         self.tokenizer.close()
+        self._writes.shutdown(wait=False, cancel_futures=True)

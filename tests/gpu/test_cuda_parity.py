@@ -20,6 +20,9 @@ from states.pooling import pool
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 V = 1000
+# Weights 5x the usual init spread: attention must be sharp for a wrong mask or window
+# to show (at 0.02 it is near-uniform, and a broken sliding window still scored 0.99999).
+INIT = 0.1
 CONFIGS = {
     "bert": (BertConfig(vocab_size=V, hidden_size=256, num_hidden_layers=3, num_attention_heads=4, intermediate_size=512), "cls"),
     "roberta": (RobertaConfig(vocab_size=V, hidden_size=256, num_hidden_layers=3, num_attention_heads=4,
@@ -61,11 +64,15 @@ def _reference(model, pack: Pack, pooling: str) -> torch.Tensor:
     return (hidden * m).sum(1) / m.sum(1)
 
 
+PACKS = [[1, 7, 128, 3, 300, 64], [500], [33] * 40 + [1, 2], [2, 9, 250], [17] * 3, [511, 12]]
+
+
 def _check_against_reference(tmp_path, arch: str, dtype: torch.dtype, threshold: float, compiled: bool) -> None:
     from states.compiling import compile_blocks
 
     config, pooling = CONFIGS[arch]
     torch.manual_seed(0)
+    config.initializer_range = INIT
     AutoModel.from_config(config).save_pretrained(tmp_path)
     ref_model = AutoModel.from_pretrained(tmp_path, dtype=torch.float32, attn_implementation="sdpa").cuda().eval()
     model = AutoModel.from_pretrained(tmp_path, dtype=dtype).cuda().eval()
@@ -73,9 +80,11 @@ def _check_against_reference(tmp_path, arch: str, dtype: torch.dtype, threshold:
     assert state.packed
     if compiled:
         assert compile_blocks(state.model) == config.num_hidden_layers
-    for seed, lengths in enumerate([[1, 7, 128, 3, 300, 64], [500], [33] * 40 + [1, 2]]):
+    for seed, lengths in enumerate(PACKS):
         pack = _pack(lengths, seed)
-        with torch.inference_mode():
+        # Every pack after the first must reuse the compiled graphs (dynamic shapes): a
+        # recompile per pack size would fall back to eager after Dynamo's cache limit.
+        with torch.inference_mode(), torch._dynamo.config.patch(error_on_recompile=compiled and seed > 0):
             got = pool(state.hidden_states(pack.to("cuda")), pack.cu_seqlens.cuda(), pooling)
             want = _reference(ref_model, pack, pooling)
         cos = torch.nn.functional.cosine_similarity(got.float(), want, dim=1)

@@ -164,24 +164,24 @@ def test_oom_splits_the_pack_and_output_is_unchanged(make_spec, tmp_path, monkey
 
 
 def test_disk_error_names_the_path_and_rerun_resumes(make_spec, tmp_path, monkeypatch):
-    import workers.unit
+    import workers.writer
 
     spec = make_spec(tmp_path / "o", backend="local", max_retries=0)
-    real = workers.unit.write_table
+    real = workers.writer.put_atomic
     broken = {"n": 0}
 
-    def full_disk(uri, table, options=None):
+    def full_disk(uri, data, options=None):
         if "part-00000-00001" in uri:
             broken["n"] += 1
             raise OSError(f"cannot write {uri}: [Errno 28] No space left on device")
-        return real(uri, table, options)
+        return real(uri, data, options)
 
-    monkeypatch.setattr(workers.unit, "write_table", full_disk)
+    monkeypatch.setattr(workers.writer, "put_atomic", full_disk)
     first = run_job(spec)
     assert list(first.failed) == ["part-00000-00001"]
     assert "part-00000-00001.parquet" in first.failed["part-00000-00001"] and "No space" in first.failed["part-00000-00001"]
     assert not (tmp_path / "o" / "_manifest" / "part-00000-00001.json").exists()
-    monkeypatch.setattr(workers.unit, "write_table", real)
+    monkeypatch.setattr(workers.writer, "put_atomic", real)
     second = run_job(spec)
     assert second.ok and second.report["units_run_now"] == 1
 

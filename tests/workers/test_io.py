@@ -1,12 +1,14 @@
 """Reading text columns, writing output columns and atomic shards."""
 
+import hashlib
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from workers.reader import InputError, Unit, read_unit, text_column
-from workers.writer import embedding_array, put_atomic, write_table
+from workers.writer import ShardWriter, embedding_array, put_atomic, write_table
 
 
 def test_text_column_types():
@@ -32,15 +34,44 @@ def test_missing_column_lists_the_columns(tmp_path):
         read_unit(Unit("part-0", str(path), "parquet", 0, 1, (0,)), ["text"])
 
 
+def _vector(kind: pa.DataType, size: int) -> pa.DataType:
+    return pa.list_(pa.field("item", kind, nullable=False), size)
+
+
 def test_embedding_dtypes():
     v = np.array([[0.5, -0.25, 1.0, -1.0, 0.1, 0.2, -0.3, 0.4, 0.9]], dtype=np.float32)
-    assert embedding_array(v, "float32").type == pa.list_(pa.float32(), 9)
-    assert embedding_array(v, "float16").type == pa.list_(pa.float16(), 9)
+    assert embedding_array(v, "float32").type == _vector(pa.float32(), 9)
+    assert embedding_array(v, "float16").type == _vector(pa.float16(), 9)
     q = embedding_array(v, "int8")
-    assert q.type == pa.list_(pa.int8(), 9) and q[0].as_py()[:4] == [64, -32, 127, -127]
+    assert q.type == _vector(pa.int8(), 9) and q[0].as_py()[:4] == [64, -32, 127, -127]
     b = embedding_array(v, "binary")
-    assert b.type == pa.list_(pa.uint8(), 2)
+    assert b.type == _vector(pa.uint8(), 2)
     assert b[0].as_py() == [int("10101101", 2), int("10000000", 2)]
+
+
+def test_shard_writer_streams_row_groups_in_order(tmp_path):
+    vectors = np.arange(40 * 4, dtype=np.float32).reshape(40, 4)
+    shard = ShardWriter(str(tmp_path / "s.parquet"), row_group_bytes=200)  # a row group every few writes
+    shard.write(pa.table({"id": pa.array([], pa.int64()), "embedding": embedding_array(vectors[:0], "float32")}))
+    for a in range(0, 40, 5):
+        shard.write(pa.table({"id": np.arange(a, a + 5), "embedding": embedding_array(vectors[a : a + 5], "float32")}))
+    size, digest = shard.commit()
+    data = (tmp_path / "s.parquet").read_bytes()
+    assert size == len(data) and digest == hashlib.sha256(data).hexdigest() and shard.rows == 40
+    meta = pq.ParquetFile(tmp_path / "s.parquet").metadata
+    assert 1 < meta.num_row_groups < 8  # several writes per row group, more than one group
+    table = pq.read_table(tmp_path / "s.parquet")
+    assert table.column("id").to_pylist() == list(range(40))
+    np.testing.assert_array_equal(np.stack(table.column("embedding").to_numpy(zero_copy_only=False)), vectors)
+    assert not table.schema.field("embedding").nullable and table.schema.field("id").nullable
+
+
+def test_shard_writer_with_no_rows_keeps_the_columns(tmp_path):
+    shard = ShardWriter(str(tmp_path / "s.parquet"))
+    shard.write(pa.table({"id": pa.array([], pa.string()), "score": pa.array([], pa.float32())}))
+    shard.commit()
+    table = pq.read_table(tmp_path / "s.parquet")
+    assert table.num_rows == 0 and table.schema.names == ["id", "score"]
 
 
 def test_atomic_put_leaves_only_the_file(tmp_path):
