@@ -4,9 +4,12 @@ Model-agnostic: everything model-specific is behind `Runtime.compute`. The same
 `UnitRunner` runs in-process (tests, `backend="local"`) and inside the Ray actor, which
 only holds it. A unit's windows are all sent to tokenizing at once (Ray CPU tasks for a
 GPU worker, else a background thread: `workers.tokenize_pool`) and forwarded in order as
-they arrive; packs launch asynchronously and the outputs come back in one copy per unit.
-`run` may be called from two threads at once: the device goes to one unit at a time
-(`_device_lock`), so one unit forwards while the other is read, tokenized or written.
+they arrive. Packs launch asynchronously; each window's outputs come home in one
+non-blocking copy, and a writer thread encodes them into the shard (`ShardWriter`) once
+the device is past them, so when the last pack finishes only its window is left to
+write. `run` may be called from two threads at once: one unit launches at a time
+(`_device_lock`), the next one's packs queue right behind, and meanwhile a third is read
+and tokenized.
 """
 
 from __future__ import annotations
@@ -169,7 +172,8 @@ class UnitRunner:
 
         good = np.array([i for i, r in enumerate(reasons) if r is None], dtype=np.int64)
         bad = {i: r for i, r in enumerate(reasons) if r is not None}
-        windows = [good[a:b] for a, b in window_bounds(len(good), spec.window_rows)]
+        # No usable row still makes one (empty) window, so the shard gets its columns.
+        windows = [good[a:b] for a, b in window_bounds(len(good), spec.window_rows)] or [good]
         pending = [self.tokenizer.submit(w, [texts[i] for i in w], None if pairs is None else [pairs[i] for i in w])
                    for w in windows]  # all of the unit's windows: tokenizing runs ahead of the device
 
