@@ -93,7 +93,7 @@ def run_pooljobs(model_dir: Path, corpus: Path, out: Path, pooling: str, args: a
     init_ray(None)
     spec = JobSpec(input=str(corpus), output=str(out), model=str(model_dir), id_column="id", pooling=pooling,
                    normalize=True, num_workers=1, overwrite=True, unit_rows=args.unit_rows, progress=None,
-                   tokenize_threads=args.tokenize_threads, **({"window_rows": args.window_rows} if args.window_rows else {}))
+                   **({"window_rows": args.window_rows} if args.window_rows else {}))
     outcome = run_job(spec)
     assert outcome.ok, outcome.failed
     table = pq.read_table(out, columns=["id", "embedding"]).sort_by("id")
@@ -206,7 +206,6 @@ def main() -> None:
     parser.add_argument("--peak-tflops", type=float, default=792.0, help="measured bf16 matmul peak of the GPU")
     parser.add_argument("--unit-rows", type=int, default=20_000, help="pooljobs' rows per work unit")
     parser.add_argument("--window-rows", type=int, help="pooljobs' rows per tokenizing window (default: the job default)")
-    parser.add_argument("--tokenize-threads", type=int, default=1, help="pooljobs' threads per tokenizing task")
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--profile", action="store_true", help="also profile one window per shape in-process")
     args = parser.parse_args()

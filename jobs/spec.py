@@ -64,7 +64,6 @@ class JobSpec:
     on_error: str = _f("quarantine", "bad rows: quarantine them under OUT/_errors or fail the unit", ON_ERROR)
     unit_rows: int = _f(50_000, "rows per work unit (one output shard each)")
     window_rows: int = _f(256, "rows tokenized together (one CPU task on GPU workers) and sorted by length before packing")
-    tokenize_threads: int = _f(1, "threads per tokenizing task of a GPU worker (one tokenizer shared by its threads)")
     max_tokens: int | None = _f(None, "token budget per forward (default: sized from free device memory)")
     num_workers: int | None = _f(None, "actors to start (default: one per GPU, or one CPU worker without GPUs)")
     max_retries: int = _f(3, "times a failing unit is retried before it is recorded as failed")
@@ -83,7 +82,7 @@ class JobSpec:
         for name in ("input", "output", "model"):
             if not getattr(self, name):
                 raise SpecError(f"{name} is required")
-        for name in ("unit_rows", "window_rows", "tokenize_threads", "max_tokens", "dim", "max_length", "num_workers"):
+        for name in ("unit_rows", "window_rows", "max_tokens", "dim", "max_length", "num_workers"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value <= 0):
                 raise SpecError(f"{name}={value!r} must be a positive integer")
@@ -121,6 +120,6 @@ class JobSpec:
     def fingerprint_fields(self) -> dict[str, Any]:
         """The options that change output values or layout; a resume must match them."""
         skip = {"input", "output", "num_workers", "max_retries", "overwrite", "backend", "address",
-                "storage_options", "progress", "max_tokens", "window_rows", "tokenize_threads", "device", "on_error",
+                "storage_options", "progress", "max_tokens", "window_rows", "device", "on_error",
                 "compile"}
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skip}

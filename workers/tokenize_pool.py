@@ -65,15 +65,14 @@ def _warm_task(key: str, spec_ref: list, hold: float) -> None:
 
 
 class RayTokenizer:
-    """Tokenizes each window in a Ray CPU task of `threads` CPUs (Rayon threads)."""
+    """Tokenizes each window in a single-threaded Ray CPU task."""
 
-    def __init__(self, spec: TokenizerSpec, threads: int = 1, max_retries: int = 3) -> None:
+    def __init__(self, spec: TokenizerSpec, max_retries: int = 3) -> None:
         import ray
 
-        self.key, self._spec_ref, self.threads = spec.key, ray.put(spec), threads
-        env = {"TOKENIZERS_PARALLELISM": "true" if threads > 1 else "false", "RAYON_NUM_THREADS": str(threads)}
-        self._options = dict(num_cpus=threads, max_retries=max_retries,
-                             runtime_env={"env_vars": env})  # merged into the job's
+        self.key, self._spec_ref = spec.key, ray.put(spec)
+        self._options = dict(num_cpus=1, max_retries=max_retries,
+                             runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})  # merged into the job's
         self._task = ray.remote(_encode_task).options(**self._options)
 
     def submit(self, rows: np.ndarray, texts: list[str], pairs: list[str] | None) -> Pending:
@@ -83,12 +82,12 @@ class RayTokenizer:
         return lambda: ray.get(ref)
 
     def warm_up(self) -> None:
-        """One task per `threads` free CPUs, side by side, at load time: Ray starts task processes on
+        """One task per free CPU, side by side, at load time: Ray starts task processes on
         demand (a second or more of CPU each, measured to slow a cold run's tokenizing
         2.5x), and each builds the tokenizer once; not during the first units."""
         import ray
 
-        free = max(1, int(ray.available_resources().get("CPU", 1)) // self.threads)
+        free = max(1, int(ray.available_resources().get("CPU", 1)))
         warm = ray.remote(_warm_task).options(**self._options)
         ray.get([warm.remote(self.key, [self._spec_ref], 1.0) for _ in range(free)])
 

@@ -125,7 +125,7 @@ class UnitRunner:
         self.runtime = runtime or Runtime(spec.model_options)
         self.tokenizer_spec = TokenizerSpec.from_hf(self.runtime.tokenizer, self.runtime.max_length, self.runtime.prompt,
                                                     chunk=spec.overlong == "chunk", stride=spec.chunk_stride)
-        self.tokenizer = (RayTokenizer(self.tokenizer_spec, spec.tokenize_threads, spec.max_retries) if tokenize_in_tasks
+        self.tokenizer = (RayTokenizer(self.tokenizer_spec, spec.max_retries) if tokenize_in_tasks
                           else ThreadTokenizer(self.tokenizer_spec))
         self.max_tokens = spec.max_tokens or default_max_tokens(self.runtime)
         self.worker = f"{socket.gethostname()}:{self.runtime.device}"
