@@ -142,6 +142,25 @@ class EncodedWindow:
     def tokens(self) -> int:
         return int(self.encoded.offsets[-1])
 
+    @classmethod
+    def concat(cls, windows: list[EncodedWindow]) -> EncodedWindow:
+        """Consecutive windows as one, so they can share packs (texts renumbered)."""
+        if len(windows) == 1:
+            return windows[0]
+        encs = [w.encoded for w in windows]
+        text_shift = np.cumsum([0] + [len(w.kept) for w in windows[:-1]])
+        token_shift = np.cumsum([0] + [int(e.offsets[-1]) for e in encs[:-1]])
+        encoded = Encoded(
+            np.concatenate([e.ids for e in encs]),
+            np.concatenate([[0]] + [e.offsets[1:] + s for e, s in zip(encs, token_shift)]).astype(np.int64),
+            None if encs[0].type_ids is None else np.concatenate([e.type_ids for e in encs]),
+            np.concatenate([e.truncated for e in encs]),
+            np.concatenate([e.source + s for e, s in zip(encs, text_shift)]),
+            np.concatenate([e.chunk for e in encs]),
+        )
+        rejected = {row: why for w in windows for row, why in w.rejected.items()}
+        return cls(encoded, np.concatenate([w.kept for w in windows]), rejected, sum(w.seconds for w in windows))
+
 
 def encode_window(tokenize: BatchTokenizer, rows: np.ndarray, texts: list[str], pairs: list[str] | None) -> EncodedWindow:
     """Tokenize one window of rows (`texts[i]` is row `rows[i]`). Rows the tokenizer

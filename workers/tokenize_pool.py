@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
 from workers.tokenize import BatchTokenizer, EncodedWindow, TokenizerSpec, encode_window
 
-Pending = Callable[[], EncodedWindow]  # blocks until the window is tokenized
+Pending = Future  # of an EncodedWindow
 
 
 class ThreadTokenizer:
@@ -31,7 +30,7 @@ class ThreadTokenizer:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize")
 
     def submit(self, rows: np.ndarray, texts: list[str], pairs: list[str] | None) -> Pending:
-        return self._pool.submit(encode_window, self.tokenize, rows, texts, pairs).result
+        return self._pool.submit(encode_window, self.tokenize, rows, texts, pairs)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -76,10 +75,7 @@ class RayTokenizer:
         self._task = ray.remote(_encode_task).options(**self._options)
 
     def submit(self, rows: np.ndarray, texts: list[str], pairs: list[str] | None) -> Pending:
-        import ray
-
-        ref = self._task.remote(self.key, [self._spec_ref], rows, texts, pairs)
-        return lambda: ray.get(ref)
+        return self._task.remote(self.key, [self._spec_ref], rows, texts, pairs).future()
 
     def warm_up(self) -> None:
         """One task per free CPU, side by side, at load time: Ray starts task processes on

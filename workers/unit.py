@@ -18,6 +18,7 @@ import json
 import socket
 import threading
 import time
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
@@ -31,13 +32,14 @@ from states.runtime import Runtime
 from workers import storage
 from workers.packing import PackPlan, build_pack, plan_packs
 from workers.reader import Unit, read_unit, text_column
-from workers.tokenize import Encoded, TokenizerSpec
+from workers.tokenize import Encoded, EncodedWindow, TokenizerSpec
 from workers.tokenize_pool import RayTokenizer, ThreadTokenizer
 from workers.writer import ShardWriter, output_columns, write_table
 
 VERSION = "0.2.0"  # output shards: non-null vector columns, row group per ~8 MB
 MAX_SEQS_PER_PACK = 4096
 RAMP_ROWS = 32
+GROUP_TOKENS = 1 << 17  # tokenized windows merged into one launch group, up to this many tokens
 
 
 class RowError(ValueError):
@@ -174,8 +176,8 @@ class UnitRunner:
         bad = {i: r for i, r in enumerate(reasons) if r is not None}
         # No usable row still makes one (empty) window, so the shard gets its columns.
         windows = [good[a:b] for a, b in window_bounds(len(good), spec.window_rows)] or [good]
-        pending = [self.tokenizer.submit(w, [texts[i] for i in w], None if pairs is None else [pairs[i] for i in w])
-                   for w in windows]  # all of the unit's windows: tokenizing runs ahead of the device
+        pending = deque(self.tokenizer.submit(w, [texts[i] for i in w], None if pairs is None else [pairs[i] for i in w])
+                        for w in windows)  # all of the unit's windows: tokenizing runs ahead of the device
 
         shard = ShardWriter(storage.join(self._out(), f"{unit.name}.parquet"), spec.storage_options)
         parts: list[Future] = []
@@ -183,10 +185,15 @@ class UnitRunner:
         # One unit launches at a time; the lock is released once its last pack is queued,
         # so the next unit's packs follow on the device without a gap.
         with self._device_lock:
-            for get in pending:
+            while pending:
                 w = time.perf_counter()
-                window = get()
+                group = [pending.popleft().result()]
                 clock["wait_tokens"] += time.perf_counter() - w
+                # Windows already tokenized join this one: small windows keep the start
+                # quick, large launches keep the host's per-launch work off the device's path.
+                while pending and pending[0].done() and sum(g.tokens for g in group) < GROUP_TOKENS:
+                    group.append(pending.popleft().result())
+                window = EncodedWindow.concat(group)
                 clock["tokenize"] += window.seconds
                 bad.update(window.rejected)
                 enc, lengths = window.encoded, window.encoded.lengths
@@ -200,7 +207,7 @@ class UnitRunner:
                         rows.append(window.kept[enc.source[pack_rows]])
                         chunks.append(enc.chunk[pack_rows])
                         outputs.append(out)
-                # One copy per output per window, not waited for here: the writer thread
+                # One copy per output per group, not waited for here: the writer thread
                 # waits for the device to pass `timer`'s end, then encodes the rows.
                 host = {k: torch.cat([o[k] for o in outputs]).to("cpu", non_blocking=True) if outputs
                         else torch.zeros((0, *shape)) for k, shape in self.runtime.output_shapes.items()}
@@ -225,7 +232,7 @@ class UnitRunner:
 
     def _write_part(self, shard: ShardWriter, keys: tuple[str, pa.Array], rows: list[np.ndarray],
                     chunks: list[np.ndarray], host: dict[str, torch.Tensor], timer: DeviceTimer) -> tuple[float, float]:
-        """One window's rows into the shard, in input order (on the writer thread, once the
+        """One group of windows' rows into the shard, in input order (on the writer thread, once the
         device has produced them); (device seconds, host seconds) spent on them."""
         device_s = timer.seconds()
         t = time.perf_counter()

@@ -27,5 +27,5 @@ def test_warm_up_builds_the_tokenizer_in_task_processes(ray_instances, make_spec
     ray_instances.get("local")
     runner = UnitRunner(make_spec(tmp_path, backend="local"), tokenize_in_tasks=True)
     runner.tokenizer.warm_up()  # no error, and a window after it still tokenizes
-    window = runner.tokenizer.submit(np.arange(2), ["alpha beta", ""], None)()
+    window = runner.tokenizer.submit(np.arange(2), ["alpha beta", ""], None).result()
     assert window.kept.tolist() == [0, 1] and window.encoded.lengths.tolist()[1] == 2  # [CLS] [SEP] only

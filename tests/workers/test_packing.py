@@ -2,6 +2,10 @@
 
 import numpy as np
 import pytest
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import Whitespace
+from tokenizers.processors import TemplateProcessing
 
 from workers.packing import build_pack, plan_packs
 from workers.tokenize import Encoded, gather_index
@@ -80,3 +84,24 @@ def test_windows_ramp_up_then_cover_every_row_once(rows, window):
         assert sizes == [32, 64, 128, 256, 512, 1024, 1024, 1024, 936]  # doubling, then window-sized
     if rows == 100_000:
         assert max(sizes) == window
+
+
+@pytest.mark.parametrize("chunk", [False, True])
+def test_concatenated_windows_equal_one_window(chunk):
+    """Windows merged into one launch group are the same as tokenizing their rows at once."""
+    from workers.tokenize import BatchTokenizer, EncodedWindow, encode_window
+
+    vocab = {"[UNK]": 0, "[CLS]": 1, "[SEP]": 2, **{w: i + 3 for i, w in enumerate("a b c d e f".split())}}
+    tokenizer = Tokenizer(WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = Whitespace()
+    tokenizer.post_processor = TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 1), ("[SEP]", 2)])
+    tokenize = BatchTokenizer(tokenizer.to_str(), 6, False, chunk=chunk, stride=1)
+    rng = np.random.default_rng(0)
+    texts = [" ".join(rng.choice(list("abcdef"), rng.integers(0, 12))) for _ in range(30)]
+    rows = np.arange(100, 130)
+    whole = encode_window(tokenize, rows, texts, None)
+    parts = [encode_window(tokenize, rows[a:b], texts[a:b], None) for a, b in [(0, 7), (7, 8), (8, 30)]]
+    joined = EncodedWindow.concat(parts)
+    assert joined.kept.tolist() == whole.kept.tolist() and joined.rejected == whole.rejected
+    for name in ("ids", "offsets", "truncated", "source", "chunk"):
+        assert getattr(joined.encoded, name).tolist() == getattr(whole.encoded, name).tolist(), name
