@@ -207,6 +207,6 @@ def build_report(units: list[Unit], committed: dict, failed: dict, wall: float, 
         "duplicate_ids_within_units": sum(r.get("duplicate_ids", 0) for r in records),
         "padding_efficiency": tokens / padded if padded else None,
         "wall_seconds": wall, "rows_per_s": rows_now / wall, "tokens_per_s": tokens_now / wall,
-        "stage_seconds": {k: sum(r["seconds"].get(k, 0.0) for r in records) for k in ("read", "tokenize", "wait_tokens", "forward", "write")},
+        "stage_seconds": {k: sum(r["seconds"].get(k, 0.0) for r in records) for k in ("read", "tokenize", "wait_tokens", "forward", "write", "commit")},
         "per_worker": dict(per_worker),
     }
