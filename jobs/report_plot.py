@@ -3,7 +3,7 @@
 Left: tokens committed per worker over time, whose slope is the worker's throughput.
 Commit records carry durations, not timestamps, so a unit's commit time is its manifest
 record's modification time (local disks and object stores both keep one); where none is
-known, the worker's units are laid end to end by their stage seconds, in name order.
+known, the worker's units are laid end to end by their wall seconds, in name order.
 Right: the corpus length distribution, as mean tokens per row of each unit (records keep
 per-unit totals only), weighted by the unit's rows.
 
@@ -32,8 +32,8 @@ def commit_records(output_dir: str, storage_options: dict | None = None) -> list
 def timelines(records: list[tuple[float | None, dict]]) -> dict[str, tuple[list[float], list[int]]]:
     """worker -> (seconds since the job's first unit started, cumulative tokens), in commit order."""
     use_mtime = all(t is not None for t, _ in records)
-    # Time 0 is when the first committed unit started: its commit time less its stage seconds.
-    start = min((t - sum(r["seconds"].values()) for t, r in records), default=0.0) if use_mtime else 0.0
+    # Time 0 is when the first committed unit started: its commit time less its wall seconds.
+    start = min((t - r["wall_seconds"] for t, r in records), default=0.0) if use_mtime else 0.0
     per_worker: dict[str, list[tuple[float, int]]] = defaultdict(list)
     clock: dict[str, float] = defaultdict(float)  # end to end, when no mtime
     for t, record in sorted(records, key=lambda tr: tr[0]) if use_mtime else records:
@@ -41,7 +41,7 @@ def timelines(records: list[tuple[float | None, dict]]) -> dict[str, tuple[list[
         if use_mtime:
             at = t - start
         else:
-            clock[worker] += sum(record["seconds"].values())
+            clock[worker] += record["wall_seconds"]
             at = clock[worker]
         per_worker[worker].append((at, record["tokens"]))
     lines = {}

@@ -62,7 +62,8 @@ class UnitResult:
     bytes: int
     schema: str
     worker: str
-    seconds: dict[str, float] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)  # per stage; stages overlap, tokenize is CPU time in tasks
+    wall_seconds: float = 0.0  # from the unit's start to its commit
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -233,7 +234,7 @@ class UnitRunner:
         clock["commit"] = time.perf_counter() - t  # on the critical path for the last unit: hash and store
         duplicates = len(keys[1]) - len(pc.unique(keys[1])) if spec.id_column else 0
         return UnitResult(unit.name, shard.rows, len(bad), tokens, padded, truncated, duplicates, checksum, nbytes,
-                          shard.schema.remove_metadata().to_string(), self.worker, clock)
+                          shard.schema.remove_metadata().to_string(), self.worker, clock, time.perf_counter() - t0)
 
     def _write_part(self, shard: ShardWriter, keys: tuple[str, pa.Array], rows: list[np.ndarray],
                     chunks: list[np.ndarray], host: dict[str, torch.Tensor], timer: DeviceTimer) -> tuple[float, float]:
