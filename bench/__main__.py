@@ -8,7 +8,7 @@ For each random-init model shape it runs, on the same corpus and GPU:
   * sentence-transformers `encode` (batch 256),
   * a plain transformers loop (tokenizer `__call__`, padded batches of 256),
 and prints tokens/s, rows/s, MFU and the ratios, plus the cosine between pooljobs' output
-and the padded reference on a sample (must be >= 0.999 in bf16).
+and the padded reference on every row (must be >= 0.999 in bf16).
 """
 
 from __future__ import annotations
