@@ -99,7 +99,7 @@ def window_bounds(rows: int, window_rows: int) -> list[tuple[int, int]]:
 class DeviceTimer:
     """Time the device spends on the work queued between construction and `stop`: CUDA
     events on a GPU (the host only sees launch time), the host clock elsewhere (where
-    compute is synchronous). The end event also marks when a window's outputs are home."""
+    compute is synchronous). The end event also marks when a group's outputs are home."""
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
@@ -138,7 +138,7 @@ class UnitRunner:
         self.max_tokens = spec.max_tokens or default_max_tokens(self.runtime)
         self.worker = f"{socket.gethostname()}:{self.runtime.device}"
         self._device_lock = threading.Lock()
-        self._writes = ThreadPoolExecutor(max_workers=1, thread_name_prefix="write")  # windows' rows, in order
+        self._writes = ThreadPoolExecutor(max_workers=1, thread_name_prefix="write")  # launch groups' rows, in order
         self.metadata = {"pooljobs_version": VERSION, **self.runtime.provenance(),
                          "output_dtype": spec.output_dtype, "model_sha256": model_sha256 or self.runtime.fingerprint()}
 
