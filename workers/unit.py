@@ -182,7 +182,7 @@ class UnitRunner:
         bad = {i: r for i, r in enumerate(reasons) if r is not None}
         # No usable row still makes one (empty) window, so the shard gets its columns.
         windows = [good[a:b] for a, b in window_bounds(len(good), spec.window_rows)] or [good]
-        pending = deque(self.tokenizer.submit(w, [texts[i] for i in w], None if pairs is None else [pairs[i] for i in w])
+        pending = deque((len(w), self.tokenizer.submit(w, [texts[i] for i in w], None if pairs is None else [pairs[i] for i in w]))
                         for w in windows)  # all of the unit's windows: tokenizing runs ahead of the device
 
         shard = ShardWriter(storage.join(self._out(), f"{unit.name}.parquet"), spec.storage_options)
@@ -193,12 +193,15 @@ class UnitRunner:
         with self._device_lock:
             while pending:
                 w = time.perf_counter()
-                group = [pending.popleft().result()]
+                size, first = pending.popleft()
+                group = [first.result()]
+                # A ramp window launches alone (the device starts early); full-size ones
+                # join into groups of GROUP_TOKENS (few, large launches). Decided by sizes,
+                # never by which windows are ready, so a rerun packs the same rows and
+                # writes the same bytes.
+                while size == spec.window_rows and pending and sum(g.tokens for g in group) < GROUP_TOKENS:
+                    group.append(pending.popleft()[1].result())
                 clock["wait_tokens"] += time.perf_counter() - w
-                # Windows already tokenized join this one: small windows keep the start
-                # quick, large launches keep the host's per-launch work off the device's path.
-                while pending and pending[0].done() and sum(g.tokens for g in group) < GROUP_TOKENS:
-                    group.append(pending.popleft().result())
                 window = EncodedWindow.concat(group)
                 clock["tokenize"] += window.seconds
                 bad.update(window.rejected)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from jobs.plan import list_inputs, plan_units
@@ -21,6 +23,27 @@ def test_ray_task_tokenizing_matches_in_process(ray_instances, make_spec, tmp_pa
         assert got.tokens == want.tokens > 0 and got.rows == want.rows
         assert got.checksum == want.checksum  # the same bytes
         assert got.seconds["tokenize"] > 0
+
+
+def test_unit_bytes_do_not_depend_on_tokenizing_speed(make_spec, tmp_path, monkeypatch):
+    """Launch groups follow window sizes, never which windows happen to be tokenized by
+    then: packs, hence float results, hence shard bytes, are the same on a rerun."""
+    import workers.tokenize_pool as pool
+
+    # Small packs: float results of a row depend on its pack's size on CPU too.
+    spec = make_spec(tmp_path / "fast", backend="local", window_rows=7, max_tokens=300)
+    unit = plan_units(spec, list_inputs(spec))[0]
+    fast_runner = UnitRunner(spec)
+    fast = fast_runner.run(unit)
+    encode = pool.encode_window
+
+    def slow(*args):
+        time.sleep(0.02)  # the device side always finds the next window not ready yet
+        return encode(*args)
+
+    monkeypatch.setattr(pool, "encode_window", slow)
+    slow_result = UnitRunner(spec.replace(output=str(tmp_path / "slow")), fast_runner.runtime).run(unit)
+    assert slow_result.tokens == fast.tokens and slow_result.checksum == fast.checksum
 
 
 def test_warm_up_builds_the_tokenizer_in_task_processes(ray_instances, make_spec, tmp_path):
