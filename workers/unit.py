@@ -3,11 +3,11 @@
 Model-agnostic: everything model-specific is behind `Runtime.compute`. The same
 `UnitRunner` runs in-process (tests, `backend="local"`) and inside the Ray actor, which
 only holds it. A unit's windows are all sent to tokenizing at once (Ray CPU tasks for a
-GPU worker, else a background thread: `workers.tokenize_pool`) and forwarded in order as
-they arrive. Packs launch asynchronously; each window's outputs come home in one
-non-blocking copy, and a writer thread encodes them into the shard (`ShardWriter`) once
-the device is past them, so when the last pack finishes only its window is left to
-write. `run` may be called from two threads at once: one unit launches at a time
+GPU worker, else a background thread: `workers.tokenize_pool`) and forwarded in order,
+full-size windows merged into launch groups. Packs launch asynchronously; each group's
+outputs come home in one non-blocking copy, and a writer thread encodes them into the
+shard (`ShardWriter`) once the device is past them, so when the last pack finishes only
+its group is left to write. `run` may be called from two threads at once: one unit launches at a time
 (`_device_lock`), the next one's packs queue right behind, and meanwhile a third is read
 and tokenized.
 """
@@ -141,6 +141,7 @@ class UnitRunner:
         self._writes = ThreadPoolExecutor(max_workers=1, thread_name_prefix="write")  # launch groups' rows, in order
         self.metadata = {"pooljobs_version": VERSION, **self.runtime.provenance(),
                          "output_dtype": spec.output_dtype, "model_sha256": model_sha256 or self.runtime.fingerprint()}
+        self._schema_metadata = {"pooljobs": json.dumps(self.metadata)}  # every shard's Parquet metadata
 
     # -- the stages -----------------------------------------------------------------
     def _texts(self, unit: Unit, table: pa.Table) -> tuple[list, list | None, list[str | None]]:
@@ -205,23 +206,10 @@ class UnitRunner:
                 window = EncodedWindow.concat(group)
                 clock["tokenize"] += window.seconds
                 bad.update(window.rejected)
-                enc, lengths = window.encoded, window.encoded.lengths
-                tokens, truncated = tokens + window.tokens, truncated + int(enc.truncated.sum())
-                timer = DeviceTimer(self.runtime.device)
-                rows, chunks, outputs = [], [], []
-                for plan in plan_packs(lengths, self.max_tokens, MAX_SEQS_PER_PACK):
-                    for pack_rows, out in self._forward(enc, plan):
-                        padded += int(lengths[pack_rows].sum()) if self.runtime.state.packed else \
-                            len(pack_rows) * int(lengths[pack_rows].max())
-                        rows.append(window.kept[enc.source[pack_rows]])
-                        chunks.append(enc.chunk[pack_rows])
-                        outputs.append(out)
-                # One copy per output per group, not waited for here: the writer thread
-                # waits for the device to pass `timer`'s end, then encodes the rows.
-                host = {k: torch.cat([o[k] for o in outputs]).to("cpu", non_blocking=True) if outputs
-                        else torch.zeros((0, *shape)) for k, shape in self.runtime.output_shapes.items()}
-                timer.stop()
-                parts.append(self._writes.submit(self._write_part, shard, keys, rows, chunks, host, timer))
+                tokens, truncated = tokens + window.tokens, truncated + int(window.encoded.truncated.sum())
+                part, group_padded = self._launch(window, shard, keys)
+                parts.append(part)
+                padded += group_padded
         for part in parts:
             device_s, write_s = part.result()
             clock["forward"] += device_s
@@ -239,6 +227,26 @@ class UnitRunner:
         return UnitResult(unit.name, shard.rows, len(bad), tokens, padded, truncated, duplicates, checksum, nbytes,
                           shard.schema.remove_metadata().to_string(), self.worker, clock, time.perf_counter() - t0)
 
+    def _launch(self, window: EncodedWindow, shard: ShardWriter, keys: tuple[str, pa.Array]) -> tuple[Future, int]:
+        """Queue a launch group's packs on the device and its rows for the writer thread;
+        (the writer's future, tokens the device computes, padding included)."""
+        enc, lengths = window.encoded, window.encoded.lengths
+        timer = DeviceTimer(self.runtime.device)
+        rows, chunks, outputs, padded = [], [], [], 0
+        for plan in plan_packs(lengths, self.max_tokens, MAX_SEQS_PER_PACK):
+            for pack_rows, out in self._forward(enc, plan):
+                padded += int(lengths[pack_rows].sum()) if self.runtime.state.packed else \
+                    len(pack_rows) * int(lengths[pack_rows].max())
+                rows.append(window.kept[enc.source[pack_rows]])
+                chunks.append(enc.chunk[pack_rows])
+                outputs.append(out)
+        # One copy per output per group, not waited for here: the writer thread waits
+        # for the device to pass `timer`'s end, then encodes the rows.
+        host = {k: torch.cat([o[k] for o in outputs]).to("cpu", non_blocking=True) if outputs
+                else torch.zeros((0, *shape)) for k, shape in self.runtime.output_shapes.items()}
+        timer.stop()
+        return self._writes.submit(self._write_part, shard, keys, rows, chunks, host, timer), padded
+
     def _write_part(self, shard: ShardWriter, keys: tuple[str, pa.Array], rows: list[np.ndarray],
                     chunks: list[np.ndarray], host: dict[str, torch.Tensor], timer: DeviceTimer) -> tuple[float, float]:
         """One group of windows' rows into the shard, in input order (on the writer thread, once the
@@ -251,7 +259,7 @@ class UnitRunner:
         if self.spec.overlong == "chunk" and self.spec.chunk_aggregate == "none":
             columns["chunk"] = pa.array(chunks, type=pa.int32())
         part = pa.table({**columns, **output_columns(outputs, self.spec.output_dtype, self.runtime.labels)})
-        shard.write(part.replace_schema_metadata({"pooljobs": json.dumps(self.metadata)}))
+        shard.write(part.replace_schema_metadata(self._schema_metadata))
         return device_s, time.perf_counter() - t
 
     def _assemble(self, rows: list[np.ndarray], chunks: list[np.ndarray], outputs: dict[str, np.ndarray]

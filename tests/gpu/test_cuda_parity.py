@@ -42,11 +42,7 @@ CONFIGS = {
 
 def _pack(lengths: list[int], seed: int) -> Pack:
     g = torch.Generator().manual_seed(seed)
-    seqs = [torch.randint(5, V, (n,), generator=g) for n in lengths]
-    cu = torch.zeros(len(seqs) + 1, dtype=torch.int32)
-    cu[1:] = torch.cumsum(torch.tensor(lengths), 0)
-    pos = torch.cat([torch.arange(n) for n in lengths])
-    return Pack(torch.cat(seqs), pos, None, cu, max(lengths))
+    return Pack.from_sequences([torch.randint(5, V, (n,), generator=g).tolist() for n in lengths])
 
 
 def _reference(model, pack: Pack, pooling: str) -> torch.Tensor:
