@@ -154,7 +154,8 @@ def profile_forward(model_dir: Path, texts: list[str], pooling: str, window: int
     enc = tokenize(batch)
     tokenize_s = time.perf_counter() - t
     t = time.perf_counter()
-    packs = [build_pack(enc, plan).pin_memory() for plan in plan_packs(enc.lengths, runner.max_tokens, MAX_SEQS_PER_PACK)]
+    packs = [build_pack(enc, plan).pin_memory() for plan in plan_packs(enc.lengths, runner.max_tokens, MAX_SEQS_PER_PACK,
+                                                                    runner.runtime.state.packed)]
     pack_s = time.perf_counter() - t
     run = lambda: [runner.runtime.compute(p.to("cuda", non_blocking=True)) for p in packs]  # noqa: E731
     run()  # warm-up

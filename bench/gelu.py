@@ -41,6 +41,7 @@ def main() -> None:
         "compiled, dynamic shapes": torch.compile(gelu, dynamic=True),
         "compiled, static shapes": torch.compile(gelu, dynamic=False),
         "compiled, dynamic, no fp32 upcast": torch.compile(gelu, dynamic=True, options={"triton.codegen_upcast_to_fp32": False}),
+        "compiled, dynamic, 32-bit indexing": torch.compile(gelu, dynamic=True, options={"assume_32bit_indexing": True}),
         "compiled, dynamic, coordinate descent": torch.compile(gelu, dynamic=True, options={"coordinate_descent_tuning": True}),
     }
     for name, fn in cases.items():

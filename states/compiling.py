@@ -27,9 +27,10 @@ def repeated_blocks(model: nn.Module) -> list[nn.Module]:
     return blocks
 
 
-def compile_blocks(model: nn.Module) -> int:
-    """Compile each repeated block in place (on first call); returns how many."""
+def compile_blocks(model: nn.Module, options: dict | None = None) -> int:
+    """Compile each repeated block in place (on first call), with these Inductor
+    `options` (benchmarks compare some); returns how many."""
     blocks = repeated_blocks(model)
     for block in blocks:
-        block.compile(dynamic=True)
+        block.compile(dynamic=True, options=options)
     return len(blocks)

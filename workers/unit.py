@@ -2,12 +2,14 @@
 
 Model-agnostic: everything model-specific is behind `Runtime.compute`. The same
 `UnitRunner` runs in-process (tests, `backend="local"`) and inside the Ray actor, which
-only holds it. A unit's windows are all sent to tokenizing at once (Ray CPU tasks for a
-GPU worker, else a background thread: `workers.tokenize_pool`) and forwarded in order,
-full-size windows merged into launch groups. Packs launch asynchronously; each group's
-outputs come home in one non-blocking copy, and a writer thread encodes them into the
-shard (`ShardWriter`) once the device is past them, so when the last pack finishes only
-its group is left to write. `run` may be called from two threads at once: one unit launches at a time
+only holds it. A unit's windows are all sent to tokenizing by a submit thread (to Ray CPU
+tasks for a GPU worker, else to a background thread: `workers.tokenize_pool`) and
+forwarded in order, full-size windows merged into launch groups. Packs launch
+asynchronously; each group's outputs come home in one non-blocking copy, and a writer
+thread encodes them into the shard (`ShardWriter`) once the device is past them, so when
+the last pack finishes only its group is left to write. Each stage runs in a
+`pooljobs.*` profiler range (`python -m bench.timeline` splits the device's idle time by
+them). `run` may be called from two threads at once: one unit launches at a time
 (`_device_lock`), the next one's packs queue right behind, and meanwhile a third is read
 and tokenized.
 """
@@ -26,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import torch
+from torch.profiler import record_function
 
 from jobs.spec import JobSpec
 from states.runtime import Runtime
@@ -36,7 +39,7 @@ from workers.tokenize import Encoded, EncodedWindow, TokenizerSpec
 from workers.tokenize_pool import RayTokenizer, ThreadTokenizer
 from workers.writer import ShardWriter, output_columns, write_table
 
-VERSION = "0.2.0"  # output shards: non-null vector columns, row group per ~8 MB
+VERSION = "0.3.0"  # packed launch groups budgeted by real tokens (pack sizes, so float bits, changed)
 MAX_SEQS_PER_PACK = 4096
 RAMP_ROWS = 16
 RAMP_GROWTH = 1.25
@@ -139,6 +142,11 @@ class UnitRunner:
         self.worker = f"{socket.gethostname()}:{self.runtime.device}"
         self._device_lock = threading.Lock()
         self._writes = ThreadPoolExecutor(max_workers=1, thread_name_prefix="write")  # launch groups' rows, in order
+        # Windows go to the tokenizer from a thread of their own, in order: sending one to a
+        # Ray task costs ~3 ms (its texts pass Ray's 100 KB inline limit, so they are put
+        # in the object store), and 87 of them sent before the first launch held the
+        # device back ~0.2 s on the H200 (`bench.timeline`).
+        self._submits = ThreadPoolExecutor(max_workers=1, thread_name_prefix="submit")
         self.metadata = {"pooljobs_version": VERSION, **self.runtime.provenance(),
                          "output_dtype": spec.output_dtype, "model_sha256": model_sha256 or self.runtime.fingerprint()}
         self._schema_metadata = {"pooljobs": json.dumps(self.metadata)}  # every shard's Parquet metadata
@@ -152,12 +160,18 @@ class UnitRunner:
             reasons = [a or (b and f"{self.spec.pair_column}: {b}") for a, b in zip(reasons, pair_reasons)]
         return texts, pairs, reasons
 
+    def _submit_window(self, rows: np.ndarray, texts: list, pairs: list | None) -> Future:
+        """The window of `rows` to the tokenizer (on the submit thread); its future."""
+        with record_function("pooljobs.submit"):
+            return self.tokenizer.submit(rows, [texts[i] for i in rows], None if pairs is None else [pairs[i] for i in rows])
+
     def _forward(self, encoded: Encoded, plan: PackPlan) -> list[tuple[np.ndarray, dict[str, torch.Tensor]]]:
         """Launch one pack (asynchronously on CUDA); on out-of-memory, halve the budget
         and split the pack."""
-        pack = build_pack(encoded, plan)
-        if self.runtime.device.type == "cuda":
-            pack = pack.pin_memory()
+        with record_function("pooljobs.pack"):
+            pack = build_pack(encoded, plan)
+            if self.runtime.device.type == "cuda":
+                pack = pack.pin_memory()
         try:
             return [(plan.rows, self.runtime.compute(pack.to(self.runtime.device, non_blocking=True)))]
         except torch.OutOfMemoryError:
@@ -174,17 +188,18 @@ class UnitRunner:
         clock = {"read": 0.0, "tokenize": 0.0, "wait_tokens": 0.0, "forward": 0.0, "write": 0.0, "commit": 0.0}
         t0 = time.perf_counter()
         columns = [c for c in (spec.text_column, spec.pair_column, spec.id_column) if c]
-        table = read_unit(unit, list(dict.fromkeys(columns)), spec.storage_options)
-        texts, pairs, reasons = self._texts(unit, table)
-        keys = self._keys(unit, table)
+        with record_function("pooljobs.read"):
+            table = read_unit(unit, list(dict.fromkeys(columns)), spec.storage_options)
+            texts, pairs, reasons = self._texts(unit, table)
+            keys = self._keys(unit, table)
         clock["read"] = time.perf_counter() - t0
 
         good = np.array([i for i, r in enumerate(reasons) if r is None], dtype=np.int64)
         bad = {i: r for i, r in enumerate(reasons) if r is not None}
         # No usable row still makes one (empty) window, so the shard gets its columns.
         windows = [good[a:b] for a, b in window_bounds(len(good), spec.window_rows)] or [good]
-        pending = deque((len(w), self.tokenizer.submit(w, [texts[i] for i in w], None if pairs is None else [pairs[i] for i in w]))
-                        for w in windows)  # all of the unit's windows: tokenizing runs ahead of the device
+        # All of the unit's windows: tokenizing runs ahead of the device.
+        pending = deque((len(w), self._submits.submit(self._submit_window, w, texts, pairs)) for w in windows)
 
         shard = ShardWriter(storage.join(self._out(), f"{unit.name}.parquet"), spec.storage_options)
         parts: list[Future] = []
@@ -195,19 +210,21 @@ class UnitRunner:
             while pending:
                 w = time.perf_counter()
                 size, first = pending.popleft()
-                group = [first.result()]
-                # A ramp window launches alone (the device starts early); full-size ones
-                # join into groups of GROUP_TOKENS (few, large launches). Decided by sizes,
-                # never by which windows are ready, so a rerun packs the same rows and
-                # writes the same bytes.
-                while size == spec.window_rows and pending and sum(g.tokens for g in group) < GROUP_TOKENS:
-                    group.append(pending.popleft()[1].result())
+                with record_function("pooljobs.wait_tokens"):
+                    group = [first.result().result()]
+                    # A ramp window launches alone (the device starts early); full-size ones
+                    # join into groups of GROUP_TOKENS (few, large launches). Decided by sizes,
+                    # never by which windows are ready, so a rerun packs the same rows and
+                    # writes the same bytes.
+                    while size == spec.window_rows and pending and sum(g.tokens for g in group) < GROUP_TOKENS:
+                        group.append(pending.popleft()[1].result().result())
                 clock["wait_tokens"] += time.perf_counter() - w
-                window = EncodedWindow.concat(group)
+                with record_function("pooljobs.launch"):
+                    window = EncodedWindow.concat(group)
+                    part, group_padded = self._launch(window, shard, keys)
                 clock["tokenize"] += window.seconds
                 bad.update(window.rejected)
                 tokens, truncated = tokens + window.tokens, truncated + int(window.encoded.truncated.sum())
-                part, group_padded = self._launch(window, shard, keys)
                 parts.append(part)
                 padded += group_padded
         for part in parts:
@@ -219,9 +236,10 @@ class UnitRunner:
             row = min(bad)
             raise RowError(f"{unit.uri}: row {unit.row_offset + row}: {bad[row]} (on_error='fail')")
         t = time.perf_counter()
-        if bad:
-            self._write_errors(unit, keys, bad)
-        nbytes, checksum = shard.commit()
+        with record_function("pooljobs.commit"):
+            if bad:
+                self._write_errors(unit, keys, bad)
+            nbytes, checksum = shard.commit()
         clock["commit"] = time.perf_counter() - t  # on the critical path for the last unit: hash and store
         duplicates = len(keys[1]) - len(pc.unique(keys[1])) if spec.id_column else 0
         return UnitResult(unit.name, shard.rows, len(bad), tokens, padded, truncated, duplicates, checksum, nbytes,
@@ -233,7 +251,7 @@ class UnitRunner:
         enc, lengths = window.encoded, window.encoded.lengths
         timer = DeviceTimer(self.runtime.device)
         rows, chunks, outputs, padded = [], [], [], 0
-        for plan in plan_packs(lengths, self.max_tokens, MAX_SEQS_PER_PACK):
+        for plan in plan_packs(lengths, self.max_tokens, MAX_SEQS_PER_PACK, self.runtime.state.packed):
             for pack_rows, out in self._forward(enc, plan):
                 padded += int(lengths[pack_rows].sum()) if self.runtime.state.packed else \
                     len(pack_rows) * int(lengths[pack_rows].max())
@@ -251,8 +269,16 @@ class UnitRunner:
                     chunks: list[np.ndarray], host: dict[str, torch.Tensor], timer: DeviceTimer) -> tuple[float, float]:
         """One group of windows' rows into the shard, in input order (on the writer thread, once the
         device has produced them); (device seconds, host seconds) spent on them."""
-        device_s = timer.seconds()
+        with record_function("pooljobs.wait_device"):
+            device_s = timer.seconds()
         t = time.perf_counter()
+        with record_function("pooljobs.write"):
+            self._encode_part(shard, keys, rows, chunks, host)
+        return device_s, time.perf_counter() - t
+
+    def _encode_part(self, shard: ShardWriter, keys: tuple[str, pa.Array], rows: list[np.ndarray],
+                     chunks: list[np.ndarray], host: dict[str, torch.Tensor]) -> None:
+        """Per-pack rows and their outputs (home, on the host) -> a row group of the shard."""
         rows, chunks, outputs = self._assemble(rows, chunks, {k: v.numpy() for k, v in host.items()})
         key_name, key_values = keys
         columns = {key_name: key_values.take(pa.array(rows, type=pa.int64()))}
@@ -260,7 +286,6 @@ class UnitRunner:
             columns["chunk"] = pa.array(chunks, type=pa.int32())
         part = pa.table({**columns, **output_columns(outputs, self.spec.output_dtype, self.runtime.labels)})
         shard.write(part.replace_schema_metadata(self._schema_metadata))
-        return device_s, time.perf_counter() - t
 
     def _assemble(self, rows: list[np.ndarray], chunks: list[np.ndarray], outputs: dict[str, np.ndarray]
                   ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
@@ -304,3 +329,4 @@ class UnitRunner:
     def close(self) -> None:
         self.tokenizer.close()
         self._writes.shutdown(wait=False, cancel_futures=True)
+        self._submits.shutdown(wait=False, cancel_futures=True)

@@ -46,6 +46,30 @@ def test_unit_bytes_do_not_depend_on_tokenizing_speed(make_spec, tmp_path, monke
     assert slow_result.tokens == fast.tokens and slow_result.checksum == fast.checksum
 
 
+def test_first_window_launches_before_the_last_is_sent(make_spec, tmp_path, monkeypatch):
+    """Sending windows to Ray tasks costs milliseconds each; the device must not wait
+    for all of a unit's windows to be sent before it starts on the first."""
+    import workers.unit
+
+    monkeypatch.setattr(workers.unit, "GROUP_TOKENS", 1)  # every window launches alone
+    spec = make_spec(tmp_path / "o", backend="local", window_rows=7)
+    unit = plan_units(spec, list_inputs(spec))[0]
+    runner = UnitRunner(spec)
+    events: list[str] = []
+    submit, compute = runner.tokenizer.submit, runner.runtime.compute
+
+    def slow_submit(*args):
+        time.sleep(0.02)
+        events.append("sent")
+        return submit(*args)
+
+    runner.tokenizer.submit = slow_submit
+    runner.runtime.compute = lambda pack: (events.append("launch"), compute(pack))[1]
+    result = runner.run(unit)
+    assert result.rows > 0 and events.count("sent") > 3
+    assert events.index("launch") < len(events) - 1 - events[::-1].index("sent")  # a launch before the last send
+
+
 def test_warm_up_builds_the_tokenizer_in_task_processes(ray_instances, make_spec, tmp_path):
     ray_instances.get("local")
     runner = UnitRunner(make_spec(tmp_path, backend="local"), tokenize_in_tasks=True)

@@ -31,10 +31,25 @@ def test_plan_covers_each_row_once_within_budget(seed):
         assert len(p.rows) * lengths[p.rows].max() <= 2048 or len(p.rows) == 1
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_packed_plan_counts_real_tokens(seed):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 300, size=1000)
+    plans = plan_packs(lengths, max_tokens=2048, max_seqs=64, packed=True)
+    assert sorted(np.concatenate([p.rows for p in plans]).tolist()) == list(range(1000))
+    for p, after in zip(plans, plans[1:]):
+        assert len(p.rows) <= 64 and lengths[p.rows].sum() <= 2048
+        # Full: the next row would not have fitted (or the row count is at its bound).
+        assert len(p.rows) == 64 or lengths[p.rows].sum() + lengths[after.rows[0]] > 2048
+    # A pack of short rows holds more of them than `count * longest` would allow.
+    assert len(plans) < len(plan_packs(lengths, max_tokens=2048, max_seqs=64))
+
+
 def test_row_longer_than_budget_gets_its_own_pack():
-    plans = plan_packs(np.array([10, 5000, 10]), max_tokens=100, max_seqs=8)
-    assert [len(p.rows) for p in plans] == [1, 2]
-    assert plans[0].rows.tolist() == [1]
+    for packed in (False, True):
+        plans = plan_packs(np.array([10, 5000, 10]), max_tokens=100, max_seqs=8, packed=packed)
+        assert [len(p.rows) for p in plans] == [1, 2]
+        assert plans[0].rows.tolist() == [1]
 
 
 def test_build_pack_layout():

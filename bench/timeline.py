@@ -1,0 +1,118 @@
+"""Where an end-to-end run's time goes, from a profile of the GPU worker's own code path.
+
+    python -m bench.timeline --tokenizer DIR [--shape bert-base] [--docs 40000] [--trace FILE]
+
+Runs the corpus's units through a `UnitRunner` the way the GPU actor does (tokenizing in
+Ray tasks, two units in flight) under `torch.profiler`, then prints the device's busy
+time (the union of its kernels and copies) and splits its idle time by what the worker
+was doing meanwhile: the `pooljobs.*` ranges of `workers.unit` open at that moment (on
+any thread). Writes a Chrome trace (chrome://tracing, Perfetto) with `--trace`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import tempfile
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from torch._C._profiler import _ExperimentalConfig
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
+
+from bench.__main__ import SHAPES, build_model, make_corpus
+
+
+def merged(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Sorted, overlapping (start, end) intervals merged into disjoint ones."""
+    out: list[list[int]] = []
+    for start, end in sorted(intervals):
+        if out and start <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], end)
+        else:
+            out.append([start, end])
+    return [(a, b) for a, b in out]
+
+
+def idle_by_range(busy: list[tuple[int, int]], ranges: list[tuple[int, int, str]], start: int, end: int) -> Counter:
+    """Idle device time (µs) in [start, end), keyed by the set of `pooljobs.*` ranges open
+    meanwhile ("" when none): an elementary-interval sweep over both."""
+    points = sorted({start, end, *(t for iv in busy for t in iv), *(t for r in ranges for t in r[:2])})
+    points = [t for t in points if start <= t <= end]
+    busy_starts = np.array([a for a, _ in busy])
+    busy_ends = np.array([b for _, b in busy])
+    idle: Counter = Counter()
+    for a, b in itertools.pairwise(points):
+        mid = (a + b) / 2
+        i = np.searchsorted(busy_starts, mid, side="right") - 1
+        if i >= 0 and busy_ends[i] > mid:
+            continue
+        open_ = sorted({name for s, e, name in ranges if s <= mid < e})
+        idle[" + ".join(open_)] += b - a
+    return idle
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokenizer", type=Path, required=True)
+    parser.add_argument("--shape", default="bert-base", choices=list(SHAPES))
+    parser.add_argument("--docs", type=int, default=40_000)
+    parser.add_argument("--unit-rows", type=int, default=20_000)
+    parser.add_argument("--trace", type=Path, help="write the Chrome trace here")
+    args = parser.parse_args()
+
+    from jobs.driver import IN_FLIGHT, init_ray
+    from jobs.plan import list_inputs, plan_units
+    from jobs.spec import JobSpec
+    from workers.unit import UnitRunner
+
+    root = Path(tempfile.mkdtemp(prefix="pooljobs-timeline-"))
+    texts = make_corpus(args.tokenizer, args.docs)
+    pq.write_table(pa.table({"id": np.arange(len(texts)), "text": texts}), root / "corpus.parquet", row_group_size=5000)
+    model_dir = build_model(args.shape, args.tokenizer, root)
+    pooling = "last" if SHAPES[args.shape][5] == "qwen3" else "mean"
+    spec = JobSpec(input=str(root / "corpus.parquet"), output=str(root / "out"), model=str(model_dir), id_column="id",
+                   pooling=pooling, normalize=True, unit_rows=args.unit_rows, progress=None)
+    units = plan_units(spec, list_inputs(spec))
+    init_ray(None)
+    runner = UnitRunner(spec, model_sha256="-", tokenize_in_tasks=True)
+    runner.tokenizer.warm_up()
+    # Ranges open on the units' threads too (the profiler records only its own thread by default).
+    config = _ExperimentalConfig(profile_all_threads=True)
+    with ThreadPoolExecutor(IN_FLIGHT) as pool, profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                                                        experimental_config=config) as prof:
+        t = time.perf_counter()
+        results = list(pool.map(runner.run, units))  # two units in flight, as in the actor
+        wall = time.perf_counter() - t
+    runner.close()
+    if args.trace:
+        prof.export_chrome_trace(str(args.trace))
+
+    events = prof.events()
+    device = [(e.time_range.start, e.time_range.end) for e in events if e.device_type == DeviceType.CUDA]
+    ranges = [(e.time_range.start, e.time_range.end, e.name) for e in events
+              if e.device_type == DeviceType.CPU and e.name.startswith("pooljobs.")]
+    busy = merged(device)
+    start = min(r[0] for r in ranges)
+    end = max(r[1] for r in ranges)
+    tokens = sum(r.tokens for r in results)
+    busy_us = sum(b - a for a, b in busy)
+    print(f"# {args.shape}: {tokens:,} tokens, {len(units)} units; {wall:.2f} s under the profiler "
+          f"({tokens / wall:,.0f} tokens/s); device busy {busy_us / 1e6:.2f} s ({tokens / busy_us * 1e6:,.0f} tokens/s of device time)")
+    print(f"# first kernel at +{(busy[0][0] - start) / 1e3:.0f} ms, last ends {(end - busy[-1][1]) / 1e3:.0f} ms before the end")
+    print("| device idle while | ms |")
+    print("|---|---|")
+    for name, us in idle_by_range(busy, ranges, start, end).most_common(12):
+        print(f"| {name or '(no pooljobs range)'} | {us / 1e3:.0f} |")
+    for r in results:
+        print(f"# unit {r.name}: wall {r.wall_seconds:.2f} s, {({k: round(v, 3) for k, v in r.seconds.items()})}")
+
+
+if __name__ == "__main__":
+    main()
