@@ -80,6 +80,8 @@ def main() -> None:
     spec = JobSpec(input=str(root / "corpus.parquet"), output=str(root / "out"), model=str(model_dir), id_column="id",
                    pooling=pooling, normalize=True, unit_rows=args.unit_rows, progress=None)
     units = plan_units(spec, list_inputs(spec))
+    import ray
+
     init_ray(None)
     runner = UnitRunner(spec, model_sha256="-", tokenize_in_tasks=True)
     runner.tokenizer.warm_up()
@@ -91,6 +93,7 @@ def main() -> None:
         results = list(pool.map(runner.run, units))  # two units in flight, as in the actor
         wall = time.perf_counter() - t
     runner.close()
+    ray.shutdown()  # its task processes must not linger into a benchmark run after this one
     if args.trace:
         prof.export_chrome_trace(str(args.trace))
 
