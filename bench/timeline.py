@@ -67,6 +67,8 @@ def main() -> None:
     parser.add_argument("--trace", type=Path, help="write the Chrome trace here")
     args = parser.parse_args()
 
+    import ray
+
     from jobs.driver import IN_FLIGHT, init_ray
     from jobs.plan import list_inputs, plan_units
     from jobs.spec import JobSpec
@@ -80,8 +82,6 @@ def main() -> None:
     spec = JobSpec(input=str(root / "corpus.parquet"), output=str(root / "out"), model=str(model_dir), id_column="id",
                    pooling=pooling, normalize=True, unit_rows=args.unit_rows, progress=None)
     units = plan_units(spec, list_inputs(spec))
-    import ray
-
     init_ray(None)
     runner = UnitRunner(spec, model_sha256="-", tokenize_in_tasks=True)
     runner.tokenizer.warm_up()
@@ -98,7 +98,9 @@ def main() -> None:
         prof.export_chrome_trace(str(args.trace))
 
     events = prof.events()
-    device = [(e.time_range.start, e.time_range.end) for e in events if e.device_type == DeviceType.CUDA]
+    # Kernels and copies; the ranges also appear on the device's timeline, spanning their kernels and the gaps between.
+    device = [(e.time_range.start, e.time_range.end) for e in events
+              if e.device_type == DeviceType.CUDA and not e.name.startswith("pooljobs.")]
     ranges = [(e.time_range.start, e.time_range.end, e.name) for e in events
               if e.device_type == DeviceType.CPU and e.name.startswith("pooljobs.")]
     busy = merged(device)
