@@ -96,6 +96,7 @@ def test_every_block_of_a_deep_stack_runs_compiled():
     differing options each took a cache entry of the shared `forward`; past Dynamo's
     limit (8) the rest silently ran eager: 4 of bert-base's 12 layers on the H200."""
     import torch
+    from torch.profiler import ProfilerActivity, profile
     from transformers import BertConfig, BertModel
 
     from states.compiling import compile_blocks
@@ -109,5 +110,8 @@ def test_every_block_of_a_deep_stack_runs_compiled():
         assert compile_blocks(model) == 10
         with torch._dynamo.config.patch(error_on_recompile=True):  # a block past the first may not compile anew
             out = model(x)[0]
-            model(torch.randint(0, 100, (1, 13)))  # another length: the same dynamic graph
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                model(torch.randint(0, 100, (1, 13)))  # another length: the same dynamic graph
     torch.testing.assert_close(out, reference, rtol=1e-4, atol=1e-5)
+    # Every block ran compiled, with the GELU pass: an eager block would call F.gelu instead.
+    assert sum(e.count for e in prof.key_averages() if e.key == "pooljobs::gelu") == 10
