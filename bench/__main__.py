@@ -48,6 +48,23 @@ def make_corpus(tokenizer_dir: Path, docs: int, seed: int = 0) -> list[str]:
     return [" ".join(words[rng.integers(0, len(words), n)]) for n in lengths]
 
 
+def write_corpus(texts: list[str], path: Path) -> None:
+    """The corpus as the Parquet input every pooljobs run of the benchmarks reads."""
+    pq.write_table(pa.table({"id": np.arange(len(texts)), "text": texts}), path, row_group_size=5000)
+
+
+def tokenize_corpus(tokenizer_dir: Path, texts: list[str]):
+    """pooljobs' own tokenizing of the corpus (no padding, truncation at 512): an `Encoded`."""
+    from workers.tokenize import BatchTokenizer
+
+    return BatchTokenizer((tokenizer_dir / "tokenizer.json").read_text(), 512, False)(texts)
+
+
+def pooling_of(shape: str) -> str:
+    """Decoder shapes pool their last token, encoders the mean."""
+    return "last" if SHAPES[shape][5] == "qwen3" else "mean"
+
+
 def build_model(shape: str, tokenizer_dir: Path, root: Path) -> Path:
     from transformers import BertConfig, BertModel, Qwen3Config, Qwen3Model
 
@@ -175,7 +192,7 @@ def profile_forward(model_dir: Path, texts: list[str], pooling: str, window: int
 def bench_shape(shape: str, args: argparse.Namespace, texts: list[str], lengths: np.ndarray, corpus: Path, root: Path) -> dict:
     """One shape: pooljobs end to end, the transformers loop and sentence-transformers; prints its table rows."""
     tokens = int(lengths.sum())
-    pooling = "last" if SHAPES[shape][5] == "qwen3" else "mean"
+    pooling = pooling_of(shape)
     model_dir = build_model(shape, args.tokenizer, root)
     flops = float(flops_per_row(shape, lengths).sum())
     if args.profile:
@@ -215,11 +232,8 @@ def main() -> None:
     texts = make_corpus(args.tokenizer, args.docs)
     root = Path(tempfile.mkdtemp(prefix="pooljobs-bench-"))
     corpus = root / "corpus.parquet"
-    pq.write_table(pa.table({"id": np.arange(len(texts)), "text": texts}), corpus, row_group_size=5000)
-    from workers.tokenize import BatchTokenizer
-
-    # pooljobs' own tokenizing (no padding, truncation at 512), so MFU counts its tokens.
-    lengths = BatchTokenizer((args.tokenizer / "tokenizer.json").read_text(), 512, False)(texts).lengths
+    write_corpus(texts, corpus)
+    lengths = tokenize_corpus(args.tokenizer, texts).lengths  # so MFU counts pooljobs' tokens
     tokens = int(lengths.sum())
     print(f"# {torch.cuda.get_device_name()} | torch {torch.__version__} | {platform.node()}")
     print(f"# corpus: {len(texts):,} docs, {tokens:,} tokens, mean {lengths.mean():.0f}, p50 {np.median(lengths):.0f}, "

@@ -17,12 +17,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.__main__ import SHAPES, build_model, make_corpus
+from bench.__main__ import SHAPES, build_model, make_corpus, pooling_of, tokenize_corpus
 from states.compiling import compile_blocks
 from states.interface import Pack
 from states.runtime import ModelOptions, Runtime
 from workers.packing import build_pack, plan_packs
-from workers.tokenize import BatchTokenizer, Encoded
+from workers.tokenize import Encoded
 from workers.unit import GROUP_TOKENS, MAX_SEQS_PER_PACK
 
 VARIANTS: dict[str, tuple[dict | None | bool, bool]] = {  # name -> (Inductor options, or False: eager; packs budgeted by real tokens)
@@ -69,9 +69,9 @@ def main() -> None:
     args = parser.parse_args()
 
     model_dir = build_model(args.shape, args.tokenizer, Path(tempfile.mkdtemp(prefix="pooljobs-forward-")))
-    enc = BatchTokenizer((args.tokenizer / "tokenizer.json").read_text(), 512, False)(make_corpus(args.tokenizer, args.docs))
+    enc = tokenize_corpus(args.tokenizer, make_corpus(args.tokenizer, args.docs))
     tokens = int(enc.offsets[-1])
-    pooling = "last" if SHAPES[args.shape][5] == "qwen3" else "mean"
+    pooling = pooling_of(args.shape)
     print(f"# {args.shape}: {tokens:,} tokens")
     for name in args.variants.split(","):
         torch._dynamo.reset()

@@ -20,13 +20,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 from torch._C._profiler import _ExperimentalConfig
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-from bench.__main__ import SHAPES, build_model, make_corpus
+from bench.__main__ import SHAPES, build_model, make_corpus, pooling_of, write_corpus
 
 
 def merged(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -76,11 +74,10 @@ def main() -> None:
 
     root = Path(tempfile.mkdtemp(prefix="pooljobs-timeline-"))
     texts = make_corpus(args.tokenizer, args.docs)
-    pq.write_table(pa.table({"id": np.arange(len(texts)), "text": texts}), root / "corpus.parquet", row_group_size=5000)
+    write_corpus(texts, root / "corpus.parquet")
     model_dir = build_model(args.shape, args.tokenizer, root)
-    pooling = "last" if SHAPES[args.shape][5] == "qwen3" else "mean"
     spec = JobSpec(input=str(root / "corpus.parquet"), output=str(root / "out"), model=str(model_dir), id_column="id",
-                   pooling=pooling, normalize=True, unit_rows=args.unit_rows, progress=None)
+                   pooling=pooling_of(args.shape), normalize=True, unit_rows=args.unit_rows, progress=None)
     units = plan_units(spec, list_inputs(spec))
     init_ray(None)
     runner = UnitRunner(spec, model_sha256="-", tokenize_in_tasks=True)
