@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
@@ -116,9 +117,12 @@ class ShardWriter:
         self._flush()
         self._writer.close()
         data = self._sink.getvalue()
-        digest = hashlib.sha256(memoryview(data)).hexdigest()
-        put_atomic(self.uri, data, self.storage_options)
-        return data.size, digest
+        # Hash while storing: both release the GIL, and a unit's commit is on the critical
+        # path at the end of a job (61 MB of bert-base float32: sha256 ~40 ms, a local write 20-60 ms).
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="sha256") as pool:
+            digest = pool.submit(lambda: hashlib.sha256(memoryview(data)).hexdigest())
+            put_atomic(self.uri, data, self.storage_options)
+            return data.size, digest.result()
 
 
 def put_atomic(uri: str, data: pa.Buffer, storage_options: dict | None = None) -> None:
