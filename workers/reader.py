@@ -6,6 +6,7 @@ runs it opens the file itself, so the driver never holds the corpus.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -44,6 +45,14 @@ class Unit:
 
 def read_unit(unit: Unit, columns: list[str], storage_options: dict | None = None) -> pa.Table:
     """The unit's rows, only `columns`. Raises InputError naming the file on any failure."""
+    return pa.concat_tables(read_unit_parts(unit, columns, storage_options))
+
+
+def read_unit_parts(unit: Unit, columns: list[str], storage_options: dict | None = None) -> Iterator[pa.Table]:
+    """The unit's rows in order, in at most two parts: a Parquet unit's first row group
+    alone, then the rest; other formats whole. A worker tokenizes the first part while it
+    reads the rest (on the H200 a 20,000-row unit took 110 ms to read before its first
+    window could be sent). Raises InputError naming the file on any failure."""
     fs, path = storage.resolve(unit.uri, storage_options)
     try:
         if unit.format == "parquet":
@@ -51,11 +60,16 @@ def read_unit(unit: Unit, columns: list[str], storage_options: dict | None = Non
                 pf = pq.ParquetFile(f)
                 _check_columns(pf.schema_arrow, columns, unit.uri)
                 if not unit.row_groups:  # planned without metadata (unreadable footer): read it all
-                    return pf.read(columns=columns)
-                return pf.read_row_groups(list(unit.row_groups), columns=columns)
+                    yield pf.read(columns=columns)
+                    return
+                groups = list(unit.row_groups)
+                yield pf.read_row_groups(groups[:1], columns=columns)
+                if groups[1:]:
+                    yield pf.read_row_groups(groups[1:], columns=columns)
+            return
         dataset = ds.dataset(path, format=DATASET_FORMAT[unit.format], filesystem=fs)
         _check_columns(dataset.schema, columns, unit.uri)
-        return dataset.to_table(columns=columns)
+        yield dataset.to_table(columns=columns)
     except InputError:
         raise
     except (OSError, pa.ArrowException) as e:

@@ -2,9 +2,9 @@
 
 Model-agnostic: everything model-specific is behind `Runtime.compute`. The same
 `UnitRunner` runs in-process (tests, `backend="local"`) and inside the Ray actor, which
-only holds it. A unit's windows are all sent to tokenizing by a submit thread (to Ray CPU
-tasks for a GPU worker, else to a background thread: `workers.tokenize_pool`) and
-forwarded in order, full-size windows merged into launch groups. Packs launch
+only holds it. A feed thread reads the unit (its first row group first) and sends each
+window to tokenizing as soon as its rows are read (to Ray CPU tasks for a GPU worker,
+else to a background thread: `workers.tokenize_pool`); windows are forwarded in order, full-size windows merged into launch groups. Packs launch
 asynchronously; each group's outputs come home in one non-blocking copy, and a writer
 thread encodes them into the shard (`ShardWriter`) once the device is past them, so when
 the last pack finishes only its group is left to write. Each stage runs in a
@@ -20,7 +20,8 @@ import json
 import socket
 import threading
 import time
-from collections import deque
+from collections.abc import Iterator
+from queue import SimpleQueue
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
@@ -34,7 +35,7 @@ from jobs.spec import JobSpec
 from states.runtime import Runtime
 from workers import storage
 from workers.packing import PackPlan, build_pack, plan_packs
-from workers.reader import Unit, read_unit, text_column
+from workers.reader import Unit, read_unit_parts, text_column
 from workers.tokenize import Encoded, EncodedWindow, TokenizerSpec
 from workers.tokenize_pool import RayTokenizer, ThreadTokenizer
 from workers.writer import ShardWriter, output_columns, write_table
@@ -72,6 +73,33 @@ class UnitResult:
         return asdict(self)
 
 
+@dataclass
+class UnitInput:
+    """What the reading of a unit leaves besides its windows."""
+
+    keys: tuple[str, pa.Array]  # (name, values): the output key column
+    bad: dict[int, str]  # unit row -> why it cannot be processed (null text, invalid UTF-8)
+
+
+class _Stream:
+    """The windows a feed puts on a queue, taken in order, with a look at the next one;
+    None once the feed is done. Looking ahead only when asked keeps a launch from
+    waiting on a window that is not needed to decide it."""
+
+    def __init__(self, queue: SimpleQueue) -> None:
+        self._queue, self._head, self._done = queue, None, False
+
+    def peek(self):
+        if self._head is None and not self._done:
+            self._head = self._queue.get()
+            self._done = self._head is None
+        return self._head
+
+    def pop(self):
+        item, self._head = self.peek(), None
+        return item
+
+
 def default_max_tokens(runtime: Runtime) -> int:
     """Token budget per forward: CPU a fixed 16k; CUDA sized so one layer's activations
     (about hidden*6 + intermediate values per token) use a quarter of free memory."""
@@ -85,18 +113,17 @@ def default_max_tokens(runtime: Runtime) -> int:
     return int(max(2048, min(1 << 19, free // 4 // per_token)))
 
 
-def window_bounds(rows: int, window_rows: int) -> list[tuple[int, int]]:
-    """[start, stop) row ranges growing by `RAMP_GROWTH` from `RAMP_ROWS` to `window_rows`.
+def window_sizes(window_rows: int) -> Iterator[int]:
+    """Window sizes in rows: growing by `RAMP_GROWTH` from `RAMP_ROWS` to `window_rows`.
 
     All windows tokenize side by side, each in one task, so a window of n rows is ready
     after about n / (one CPU's rate); a gentle ramp makes them arrive one after another,
     about as fast as the device eats them, so it starts within the first small window's
     time instead of waiting for a full-size one (~0.12 s for 256 rows of ~100 tokens)."""
-    bounds, start, size = [], 0, min(RAMP_ROWS, window_rows)
-    while start < rows:
-        bounds.append((start, min(rows, start + size)))
-        start, size = start + size, min(window_rows, max(size + 1, int(size * RAMP_GROWTH)))
-    return bounds
+    size = min(RAMP_ROWS, window_rows)
+    while True:
+        yield size
+        size = min(window_rows, max(size + 1, int(size * RAMP_GROWTH)))
 
 
 class DeviceTimer:
@@ -142,11 +169,11 @@ class UnitRunner:
         self.worker = f"{socket.gethostname()}:{self.runtime.device}"
         self._device_lock = threading.Lock()
         self._writes = ThreadPoolExecutor(max_workers=1, thread_name_prefix="write")  # launch groups' rows, in order
-        # Windows go to the tokenizer from a thread of their own, in order: sending one to a
-        # Ray task costs ~3 ms (its texts pass Ray's 100 KB inline limit, so they are put
-        # in the object store), and 87 of them sent before the first launch held the
-        # device back ~0.2 s on the H200 (`bench.timeline`).
-        self._submits = ThreadPoolExecutor(max_workers=1, thread_name_prefix="submit")
+        # Units are read and their windows sent to the tokenizer from a thread of their own,
+        # in order: sending one to a Ray task costs ~3 ms (its texts pass Ray's 100 KB
+        # inline limit, so they are put in the object store), and 87 of them sent before
+        # the first launch held the device back ~0.2 s on the H200 (`bench.timeline`).
+        self._feeds = ThreadPoolExecutor(max_workers=1, thread_name_prefix="feed")
         self.metadata = {"pooljobs_version": VERSION, **self.runtime.provenance(),
                          "output_dtype": spec.output_dtype, "model_sha256": model_sha256 or self.runtime.fingerprint()}
         self._schema_metadata = {"pooljobs": json.dumps(self.metadata)}  # every shard's Parquet metadata
@@ -159,11 +186,6 @@ class UnitRunner:
             pairs, pair_reasons = text_column(table, self.spec.pair_column, unit.uri)
             reasons = [a or (b and f"{self.spec.pair_column}: {b}") for a, b in zip(reasons, pair_reasons)]
         return texts, pairs, reasons
-
-    def _submit_window(self, rows: np.ndarray, texts: list, pairs: list | None) -> Future:
-        """The window of `rows` to the tokenizer (on the submit thread); its future."""
-        with record_function("pooljobs.submit"):
-            return self.tokenizer.submit(rows, [texts[i] for i in rows], None if pairs is None else [pairs[i] for i in rows])
 
     def _forward(self, encoded: Encoded, plan: PackPlan) -> list[tuple[np.ndarray, dict[str, torch.Tensor]]]:
         """Launch one pack (asynchronously on CUDA); on out-of-memory, halve the budget
@@ -183,69 +205,116 @@ class UnitRunner:
             half = len(plan.rows) // 2
             return self._forward(encoded, PackPlan(plan.rows[:half])) + self._forward(encoded, PackPlan(plan.rows[half:]))
 
+    def _feed(self, unit: Unit, windows: SimpleQueue, clock: dict[str, float]) -> UnitInput:
+        """Read the unit part by part and send its windows to the tokenizer as soon as
+        their rows are read (on the feed thread); each (row count, pending tokens) goes
+        to `windows`, then None. Windows are the ramp of `window_sizes` over the usable rows
+        whatever the parts, so a rerun tokenizes and packs the same rows together."""
+        spec = self.spec
+        columns = list(dict.fromkeys(c for c in (spec.text_column, spec.pair_column, spec.id_column) if c))
+        texts: list = []
+        pairs: list | None = [] if spec.pair_column else None
+        reasons: list[str | None] = []
+        tables: list[pa.Table] = []
+        good: list[int] = []
+        sizes = window_sizes(spec.window_rows)
+        start, size, sent = 0, next(sizes), 0
+
+        def send(stop: int) -> None:
+            nonlocal start, size, sent
+            rows = np.array(good[start:stop], dtype=np.int64)
+            with record_function("pooljobs.submit"):
+                pending = self.tokenizer.submit(rows, [texts[i] for i in rows],
+                                                None if pairs is None else [pairs[i] for i in rows])
+            windows.put((len(rows), pending))
+            start, size, sent = start + size, next(sizes), sent + 1
+
+        try:
+            parts = read_unit_parts(unit, columns, spec.storage_options)
+            while True:
+                t = time.perf_counter()
+                with record_function("pooljobs.read"):
+                    table = next(parts, None)
+                    if table is not None:
+                        part_texts, part_pairs, part_reasons = self._texts(unit, table)
+                clock["read"] += time.perf_counter() - t
+                if table is None:
+                    break
+                good.extend(len(texts) + i for i, r in enumerate(part_reasons) if r is None)
+                texts += part_texts
+                reasons += part_reasons
+                if pairs is not None:
+                    pairs += part_pairs
+                tables.append(table)
+                while start + size <= len(good):
+                    send(start + size)
+            while start < len(good):
+                send(min(len(good), start + size))
+            if not sent:  # no usable row still makes one (empty) window, so the shard gets its columns
+                send(0)
+            table = pa.concat_tables(tables)
+            return UnitInput(self._keys(unit, table), {i: r for i, r in enumerate(reasons) if r is not None})
+        finally:
+            windows.put(None)
+
     def run(self, unit: Unit) -> UnitResult:
         spec = self.spec
         clock = {"read": 0.0, "tokenize": 0.0, "wait_tokens": 0.0, "forward": 0.0, "write": 0.0, "commit": 0.0}
         t0 = time.perf_counter()
-        columns = [c for c in (spec.text_column, spec.pair_column, spec.id_column) if c]
-        with record_function("pooljobs.read"):
-            table = read_unit(unit, list(dict.fromkeys(columns)), spec.storage_options)
-            texts, pairs, reasons = self._texts(unit, table)
-            keys = self._keys(unit, table)
-        clock["read"] = time.perf_counter() - t0
-
-        good = np.array([i for i, r in enumerate(reasons) if r is None], dtype=np.int64)
-        bad = {i: r for i, r in enumerate(reasons) if r is not None}
-        # No usable row still makes one (empty) window, so the shard gets its columns.
-        windows = [good[a:b] for a, b in window_bounds(len(good), spec.window_rows)] or [good]
-        # All of the unit's windows: tokenizing runs ahead of the device.
-        pending = deque((len(w), self._submits.submit(self._submit_window, w, texts, pairs)) for w in windows)
+        queue: SimpleQueue = SimpleQueue()
+        feed = self._feeds.submit(self._feed, unit, queue, clock)  # tokenizing runs ahead of the device
+        windows = _Stream(queue)
 
         shard = ShardWriter(storage.join(self._out(), f"{unit.name}.parquet"), spec.storage_options)
         parts: list[Future] = []
+        rejected: dict[int, str] = {}
         tokens = padded = truncated = 0
         # One unit launches at a time; the lock is released once its last pack is queued,
         # so the next unit's packs follow on the device without a gap.
         with self._device_lock:
-            while pending:
+            while (item := windows.pop()) is not None:
                 w = time.perf_counter()
-                size, first = pending.popleft()
+                size, first = item
                 with record_function("pooljobs.wait_tokens"):
-                    group = [first.result().result()]
+                    group = [first.result()]
                     # A ramp window launches alone (the device starts early); full-size ones
                     # join into groups of GROUP_TOKENS (few, large launches). Decided by sizes,
                     # never by which windows are ready, so a rerun packs the same rows and
                     # writes the same bytes.
-                    while size == spec.window_rows and pending and sum(g.tokens for g in group) < GROUP_TOKENS:
-                        group.append(pending.popleft()[1].result().result())
+                    while size == spec.window_rows and sum(g.tokens for g in group) < GROUP_TOKENS \
+                            and windows.peek() is not None:
+                        group.append(windows.pop()[1].result())
                 clock["wait_tokens"] += time.perf_counter() - w
                 with record_function("pooljobs.launch"):
                     window = EncodedWindow.concat(group)
-                    part, group_padded = self._launch(window, shard, keys)
+                    part, group_padded = self._launch(window, shard, feed)
                 clock["tokenize"] += window.seconds
-                bad.update(window.rejected)
+                rejected.update(window.rejected)
                 tokens, truncated = tokens + window.tokens, truncated + int(window.encoded.truncated.sum())
                 parts.append(part)
                 padded += group_padded
+        source = feed.result()  # raises the read's error, if any
         for part in parts:
             device_s, write_s = part.result()
             clock["forward"] += device_s
             clock["write"] += write_s
 
+        bad = {**source.bad, **rejected}
         if bad and spec.on_error == "fail":
             row = min(bad)
             raise RowError(f"{unit.uri}: row {unit.row_offset + row}: {bad[row]} (on_error='fail')")
         t = time.perf_counter()
         with record_function("pooljobs.commit"):
             if bad:
-                self._write_errors(unit, keys, bad)
+                self._write_errors(unit, source.keys, bad)
             nbytes, checksum = shard.commit()
         clock["commit"] = time.perf_counter() - t  # on the critical path for the last unit: hash and store
-        duplicates = len(keys[1]) - len(pc.unique(keys[1])) if spec.id_column else 0
+        key_values = source.keys[1]
+        duplicates = len(key_values) - len(pc.unique(key_values)) if spec.id_column else 0
         return UnitResult(unit.name, shard.rows, len(bad), tokens, padded, truncated, duplicates, checksum, nbytes,
                           shard.schema.remove_metadata().to_string(), self.worker, clock, time.perf_counter() - t0)
 
-    def _launch(self, window: EncodedWindow, shard: ShardWriter, keys: tuple[str, pa.Array]) -> tuple[Future, int]:
+    def _launch(self, window: EncodedWindow, shard: ShardWriter, source: Future) -> tuple[Future, int]:
         """Queue a launch group's packs on the device and its rows for the writer thread;
         (the writer's future, tokens the device computes, padding included)."""
         enc, lengths = window.encoded, window.encoded.lengths
@@ -263,9 +332,9 @@ class UnitRunner:
         host = {k: torch.cat([o[k] for o in outputs]).to("cpu", non_blocking=True) if outputs
                 else torch.zeros((0, *shape)) for k, shape in self.runtime.output_shapes.items()}
         timer.stop()
-        return self._writes.submit(self._write_part, shard, keys, rows, chunks, host, timer), padded
+        return self._writes.submit(self._write_part, shard, source, rows, chunks, host, timer), padded
 
-    def _write_part(self, shard: ShardWriter, keys: tuple[str, pa.Array], rows: list[np.ndarray],
+    def _write_part(self, shard: ShardWriter, source: Future, rows: list[np.ndarray],
                     chunks: list[np.ndarray], host: dict[str, torch.Tensor], timer: DeviceTimer) -> tuple[float, float]:
         """One group of windows' rows into the shard, in input order (on the writer thread, once the
         device has produced them); (device seconds, host seconds) spent on them."""
@@ -273,7 +342,7 @@ class UnitRunner:
             device_s = timer.seconds()
         t = time.perf_counter()
         with record_function("pooljobs.write"):
-            self._encode_part(shard, keys, rows, chunks, host)
+            self._encode_part(shard, source.result().keys, rows, chunks, host)
         return device_s, time.perf_counter() - t
 
     def _encode_part(self, shard: ShardWriter, keys: tuple[str, pa.Array], rows: list[np.ndarray],
@@ -329,4 +398,4 @@ class UnitRunner:
     def close(self) -> None:
         self.tokenizer.close()
         self._writes.shutdown(wait=False, cancel_futures=True)
-        self._submits.shutdown(wait=False, cancel_futures=True)
+        self._feeds.shutdown(wait=False, cancel_futures=True)

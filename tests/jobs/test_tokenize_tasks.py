@@ -76,3 +76,44 @@ def test_warm_up_builds_the_tokenizer_in_task_processes(ray_instances, make_spec
     runner.tokenizer.warm_up()  # no error, and a window after it still tokenizes
     window = runner.tokenizer.submit(np.arange(2), ["alpha beta", ""], None).result()
     assert window.kept.tolist() == [0, 1] and window.encoded.lengths.tolist()[1] == 2  # [CLS] [SEP] only
+
+
+def test_first_window_is_sent_before_the_unit_is_read_whole(make_spec, tmp_path, monkeypatch):
+    """A unit is read in parts (first row group, then the rest) and its first windows go
+    to the tokenizer before the rest is read; the windows, so the shard's bytes and its
+    quarantined rows, are the same as when the unit is read in one part."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import workers.unit
+
+    texts = [f"row {i} " + "pooling " * (i % 9) for i in range(300)]
+    texts[5] = texts[150] = None  # a bad row in each part shifts the usable rows' numbering
+    pq.write_table(pa.table({"id": range(300), "text": texts}), tmp_path / "in.parquet", row_group_size=100)
+    read_parts = workers.unit.read_unit_parts
+    events: list[str] = []
+
+    def watched_parts(*args):
+        for part in read_parts(*args):
+            events.append("read")
+            yield part
+
+    def run(name: str, parts) -> tuple[object, list[np.ndarray]]:
+        monkeypatch.setattr(workers.unit, "read_unit_parts", parts)
+        spec = make_spec(tmp_path / name, backend="local", input=str(tmp_path / "in.parquet"), window_rows=32, unit_rows=300)
+        runner = UnitRunner(spec)
+        sent, submit = [], runner.tokenizer.submit
+        runner.tokenizer.submit = lambda rows, *a: (events.append("sent"), sent.append(rows), submit(rows, *a))[2]
+        return runner.run(plan_units(spec, list_inputs(spec))[0]), sent
+
+    parted, sent = run("parts", watched_parts)
+    assert events[0] == "read" and events.count("read") == 2 and events.index("sent") < events.index("read", 1)
+    usable = [i for i, t in enumerate(texts) if t is not None]
+    assert np.concatenate(sent).tolist() == usable  # every usable row once, in order
+    sizes = [len(rows) for rows in sent]
+    assert sizes[:4] == [16, 20, 25, 31] and set(sizes[4:-1]) == {32}  # the ramp over usable rows, parts aside
+    whole, whole_sent = run("whole", lambda *args: iter([pa.concat_tables(read_parts(*args))]))
+    assert [r.tolist() for r in whole_sent] == [r.tolist() for r in sent]
+    assert (parted.checksum, parted.errors, parted.rows) == (whole.checksum, whole.errors, whole.rows) == (whole.checksum, 2, 298)
+    errors = pq.read_table(tmp_path / "parts" / "_errors")
+    assert sorted(errors.column("row").to_pylist()) == [5, 150]
