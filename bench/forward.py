@@ -29,7 +29,6 @@ VARIANTS: dict[str, tuple[dict | None | bool, bool]] = {  # name -> (Inductor op
     "eager": (False, True),
     "compiled-0.2": (None, False),  # pooljobs 0.2: packs budgeted by rows x longest
     "compiled": (None, True),  # the job's default
-    "compiled-inductor-gelu": ({"pre_grad_custom_pass": None}, True),  # without GeluBeforeMatmul
     # Measured twice on the H200: +4%, then -7% (run-to-run noise); not adopted.
     "compiled-32bit-indexing": ({"assume_32bit_indexing": True}, True),
 }

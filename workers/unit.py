@@ -9,9 +9,10 @@ asynchronously; each group's outputs come home in one non-blocking copy, and a w
 thread encodes them into the shard (`ShardWriter`) once the device is past them, so when
 the last pack finishes only its group is left to write. Each stage runs in a
 `pooljobs.*` profiler range (`python -m bench.timeline` splits the device's idle time by
-them). `run` may be called from two threads at once: one unit launches at a time
-(`_device_lock`), the next one's packs queue right behind, and meanwhile a third is read
-and tokenized.
+them). `run` may be called from two threads at once: units launch one at a time, in the
+order `run` was called, which is also the order they are read and tokenized in (a unit
+that took the device first would wait on windows queued behind the other's); the next
+one's packs queue right behind, and meanwhile a third is read and tokenized.
 """
 
 from __future__ import annotations
@@ -167,7 +168,9 @@ class UnitRunner:
                           else ThreadTokenizer(self.tokenizer_spec))
         self.max_tokens = spec.max_tokens or default_max_tokens(self.runtime)
         self.worker = f"{socket.gethostname()}:{self.runtime.device}"
-        self._device_lock = threading.Lock()
+        self._order = threading.Lock()  # feeds and device turns are handed out in one order
+        self._last_turn = threading.Event()  # set when the latest unit has queued all its packs
+        self._last_turn.set()
         self._writes = ThreadPoolExecutor(max_workers=1, thread_name_prefix="write")  # launch groups' rows, in order
         # Units are read and their windows sent to the tokenizer from a thread of their own,
         # in order: sending one to a Ray task costs ~3 ms (its texts pass Ray's 100 KB
@@ -262,16 +265,19 @@ class UnitRunner:
         clock = {"read": 0.0, "tokenize": 0.0, "wait_tokens": 0.0, "forward": 0.0, "write": 0.0, "commit": 0.0}
         t0 = time.perf_counter()
         queue: SimpleQueue = SimpleQueue()
-        feed = self._feeds.submit(self._feed, unit, queue, clock)  # tokenizing runs ahead of the device
+        with self._order:
+            feed = self._feeds.submit(self._feed, unit, queue, clock)  # tokenizing runs ahead of the device
+            turn, done = self._last_turn, threading.Event()
+            self._last_turn = done
         windows = _Stream(queue)
-
-        shard = ShardWriter(storage.join(self._out(), f"{unit.name}.parquet"), spec.storage_options)
         parts: list[Future] = []
         rejected: dict[int, str] = {}
         tokens = padded = truncated = 0
-        # One unit launches at a time; the lock is released once its last pack is queued,
-        # so the next unit's packs follow on the device without a gap.
-        with self._device_lock:
+        # One unit launches at a time, in turn; the next may start once this one's last pack
+        # is queued, so its packs follow on the device without a gap.
+        try:
+            shard = ShardWriter(storage.join(self._out(), f"{unit.name}.parquet"), spec.storage_options)
+            turn.wait()
             while (item := windows.pop()) is not None:
                 w = time.perf_counter()
                 size, first = item
@@ -293,6 +299,8 @@ class UnitRunner:
                 tokens, truncated = tokens + window.tokens, truncated + int(window.encoded.truncated.sum())
                 parts.append(part)
                 padded += group_padded
+        finally:
+            done.set()
         source = feed.result()  # raises the read's error, if any
         for part in parts:
             device_s, write_s = part.result()

@@ -117,3 +117,38 @@ def test_first_window_is_sent_before_the_unit_is_read_whole(make_spec, tmp_path,
     assert (parted.checksum, parted.errors, parted.rows) == (whole.checksum, whole.errors, whole.rows) == (whole.checksum, 2, 298)
     errors = pq.read_table(tmp_path / "parts" / "_errors")
     assert sorted(errors.column("row").to_pylist()) == [5, 150]
+
+
+def test_units_take_the_device_in_the_order_they_were_called(make_spec, tmp_path, monkeypatch):
+    """Two units in flight (as in the actor): the first called launches first even when
+    its thread is slower to get going. Its windows are read and tokenized first, so a
+    second unit that took the device first would wait on windows queued behind them
+    (0.5 s of a bert-base run on the H200)."""
+    import threading
+
+    import workers.unit
+
+    spec = make_spec(tmp_path / "o", backend="local", window_rows=7)
+    first, second = plan_units(spec, list_inputs(spec))[:2]
+    runner = UnitRunner(spec)
+    launches, compute = [], runner.runtime.compute
+    current = threading.local()
+
+    class SlowFirst(workers.unit.ShardWriter):
+        def __init__(self, uri, *args):
+            if first.name in uri:
+                time.sleep(0.3)  # the first unit's thread is late to ask for the device
+            super().__init__(uri, *args)
+
+    def run(unit):
+        current.unit = unit.name
+        return runner.run(unit)
+
+    monkeypatch.setattr(workers.unit, "ShardWriter", SlowFirst)
+    runner.runtime.compute = lambda pack: (launches.append(current.unit), compute(pack))[1]
+    called = threading.Thread(target=run, args=(first,))
+    called.start()
+    time.sleep(0.05)  # `run(first)` is called first
+    run(second)
+    called.join()
+    assert launches[0] == first.name and launches == sorted(launches, key=[first.name, second.name].index)
