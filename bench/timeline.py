@@ -63,6 +63,8 @@ def main() -> None:
     parser.add_argument("--docs", type=int, default=40_000)
     parser.add_argument("--unit-rows", type=int, default=20_000)
     parser.add_argument("--trace", type=Path, help="write the Chrome trace here")
+    parser.add_argument("--reserve-cpus", type=int, default=0,
+                        help="hold this many of Ray's CPUs back from the tokenizing tasks (for this process's threads)")
     args = parser.parse_args()
 
     import ray
@@ -80,6 +82,8 @@ def main() -> None:
                    pooling=pooling_of(args.shape), normalize=True, unit_rows=args.unit_rows, progress=None)
     units = plan_units(spec, list_inputs(spec))
     init_ray(None)
+    if args.reserve_cpus:
+        ray.get(ray.util.placement_group([{"CPU": args.reserve_cpus}]).ready())
     runner = UnitRunner(spec, model_sha256="-", tokenize_in_tasks=True)
     runner.tokenizer.warm_up()
     # Ranges open on the units' threads too (the profiler records only its own thread by default).
