@@ -4,10 +4,11 @@ Model-agnostic: everything model-specific is behind `Runtime.compute`. The same
 `UnitRunner` runs in-process (tests, `backend="local"`) and inside the Ray actor, which
 only holds it. A feed thread reads the unit (its first row group first) and sends each
 window to tokenizing as soon as its rows are read (to Ray CPU tasks for a GPU worker,
-else to a background thread: `workers.tokenize_pool`); windows are forwarded in order, full-size windows merged into launch groups. Packs launch
-asynchronously; each group's outputs come home in one non-blocking copy, and a writer
-thread encodes them into the shard (`ShardWriter`) once the device is past them, so when
-the last pack finishes only its group is left to write. Each stage runs in a
+else to a background thread: `workers.tokenize_pool`); windows are forwarded in order,
+full-size windows merged into launch groups. Packs launch asynchronously; each group's
+outputs come home in one non-blocking copy, and a writer thread encodes them into the
+shard (`ShardWriter`) once the device is past them, so when the last pack finishes only
+its group is left to write. Each stage runs in a
 `pooljobs.*` profiler range (`python -m bench.timeline` splits the device's idle time by
 them). `run` may be called from two threads at once: units launch one at a time, in the
 order `run` was called, which is also the order they are read and tokenized in (a unit
@@ -127,6 +128,24 @@ def window_sizes(window_rows: int) -> Iterator[int]:
         size = min(window_rows, max(size + 1, int(size * RAMP_GROWTH)))
 
 
+class WindowCutter:
+    """Cuts a unit's usable rows 0, 1, 2, ... into windows of `window_sizes` as they
+    become known, part by part: the windows are the same however the rows arrive."""
+
+    def __init__(self, window_rows: int) -> None:
+        self._sizes = window_sizes(window_rows)
+        self._start, self._size = 0, next(self._sizes)
+
+    def take(self, known: int, last: bool) -> list[tuple[int, int]]:
+        """[start, stop) windows complete among the first `known` rows; with `last`
+        (all rows known), also the final partial one."""
+        windows = []
+        while self._start + self._size <= known or (last and self._start < known):
+            windows.append((self._start, min(known, self._start + self._size)))
+            self._start, self._size = self._start + self._size, next(self._sizes)
+        return windows
+
+
 class DeviceTimer:
     """Time the device spends on the work queued between construction and `stop`: CUDA
     events on a GPU (the host only sees launch time), the host clock elsewhere (where
@@ -211,8 +230,8 @@ class UnitRunner:
     def _feed(self, unit: Unit, windows: SimpleQueue, clock: dict[str, float]) -> UnitInput:
         """Read the unit part by part and send its windows to the tokenizer as soon as
         their rows are read (on the feed thread); each (row count, pending tokens) goes
-        to `windows`, then None. Windows are the ramp of `window_sizes` over the usable rows
-        whatever the parts, so a rerun tokenizes and packs the same rows together."""
+        to `windows`, then None. Windows are cut from the usable rows by `WindowCutter`, the
+        same whatever the parts, so a rerun tokenizes and packs the same rows together."""
         spec = self.spec
         columns = list(dict.fromkeys(c for c in (spec.text_column, spec.pair_column, spec.id_column) if c))
         texts: list = []
@@ -220,17 +239,14 @@ class UnitRunner:
         reasons: list[str | None] = []
         tables: list[pa.Table] = []
         good: list[int] = []
-        sizes = window_sizes(spec.window_rows)
-        start, size, sent = 0, next(sizes), 0
+        cutter = WindowCutter(spec.window_rows)
 
-        def send(stop: int) -> None:
-            nonlocal start, size, sent
+        def send(start: int, stop: int) -> None:
             rows = np.array(good[start:stop], dtype=np.int64)
             with record_function("pooljobs.submit"):
                 pending = self.tokenizer.submit(rows, [texts[i] for i in rows],
                                                 None if pairs is None else [pairs[i] for i in rows])
             windows.put((len(rows), pending))
-            start, size, sent = start + size, next(sizes), sent + 1
 
         try:
             parts = read_unit_parts(unit, columns, spec.storage_options)
@@ -249,12 +265,12 @@ class UnitRunner:
                 if pairs is not None:
                     pairs += part_pairs
                 tables.append(table)
-                while start + size <= len(good):
-                    send(start + size)
-            while start < len(good):
-                send(min(len(good), start + size))
-            if not sent:  # no usable row still makes one (empty) window, so the shard gets its columns
-                send(0)
+                for start, stop in cutter.take(len(good), last=False):
+                    send(start, stop)
+            for start, stop in cutter.take(len(good), last=True):
+                send(start, stop)
+            if not good:  # no usable row still makes one (empty) window, so the shard gets its columns
+                send(0, 0)
             table = pa.concat_tables(tables)
             return UnitInput(self._keys(unit, table), {i: r for i, r in enumerate(reasons) if r is not None})
         finally:

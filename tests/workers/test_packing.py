@@ -87,14 +87,11 @@ def test_vectorized_gather_matches_per_row_concatenation(seed):
 
 @pytest.mark.parametrize("rows,window", [(0, 1024), (5000, 1024), (10, 3), (130, 128), (100_000, 4096)])
 def test_windows_ramp_up_then_cover_every_row_once(rows, window):
-    from workers.unit import RAMP_ROWS, window_sizes
+    from workers.unit import RAMP_ROWS, WindowCutter
 
-    bounds, start = [], 0
-    for size in window_sizes(window):  # as the feed cuts a unit's usable rows
-        if start >= rows:
-            break
-        bounds.append((start, min(rows, start + size)))
-        start += size
+    bounds = WindowCutter(window).take(rows, last=True)
+    cutter = WindowCutter(window)  # the same rows arriving in three parts
+    assert cutter.take(rows // 3, last=False) + cutter.take(rows // 2, last=False) + cutter.take(rows, last=True) == bounds
     covered = [i for a, b in bounds for i in range(a, b)]
     assert covered == list(range(rows))
     sizes = [b - a for a, b in bounds]
