@@ -85,7 +85,7 @@ def main() -> None:
     if args.reserve_cpus:
         ray.get(ray.util.placement_group([{"CPU": args.reserve_cpus}]).ready())
     runner = UnitRunner(spec, model_sha256="-", tokenize_in_tasks=True)
-    runner.tokenizer.warm_up()
+    runner.warm_up()
     # Ranges open on the units' threads too (the profiler records only its own thread by default).
     config = _ExperimentalConfig(profile_all_threads=True)
     with ThreadPoolExecutor(IN_FLIGHT) as pool, profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],

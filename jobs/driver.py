@@ -96,6 +96,7 @@ def _settle(unit: Unit, error: BaseException, attempts: Counter, spec: JobSpec, 
 def _run_local(spec: JobSpec, model_sha256: str, units: list[Unit], on_result: Callable, failed: dict) -> dict:
     t = time.perf_counter()
     runner = UnitRunner(spec, model_sha256=model_sha256)
+    runner.warm_up()
     info = {"worker": runner.worker, "load_seconds": time.perf_counter() - t, "max_tokens": runner.max_tokens}
     attempts: Counter = Counter()
     queue = deque(units)

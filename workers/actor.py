@@ -14,7 +14,6 @@ import time
 from jobs.spec import JobSpec
 from states.runtime import Runtime
 from workers.reader import Unit
-from workers.tokenize_pool import RayTokenizer
 from workers.unit import UnitResult, UnitRunner
 
 
@@ -24,8 +23,7 @@ class WorkerActor:
         runtime = Runtime(spec.model_options)
         # A GPU worker leaves tokenizing to Ray CPU tasks; a CPU worker does it in-process.
         self.runner = UnitRunner(spec, runtime, model_sha256, tokenize_in_tasks=runtime.device.type == "cuda")
-        if isinstance(self.runner.tokenizer, RayTokenizer):
-            self.runner.tokenizer.warm_up()
+        self.runner.warm_up()
         self.load_seconds = time.perf_counter() - t
 
     def info(self) -> dict:

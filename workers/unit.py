@@ -5,10 +5,10 @@ Model-agnostic: everything model-specific is behind `Runtime.compute`. The same
 only holds it. A feed thread reads the unit (its first row group first) and sends each
 window to tokenizing as soon as its rows are read (to Ray CPU tasks for a GPU worker,
 else to a background thread: `workers.tokenize_pool`); windows are forwarded in order,
-full-size windows merged into launch groups. Packs launch asynchronously; each group's
-outputs come home in one non-blocking copy, and a writer thread encodes them into the
-shard (`ShardWriter`) once the device is past them, so when the last pack finishes only
-its group is left to write. Each stage runs in a
+merged into launch groups that grow from `FIRST_GROUP_TOKENS` to `GROUP_TOKENS`. Packs
+launch asynchronously; each group's outputs come home in one non-blocking copy, and a
+writer thread encodes them into the shard (`ShardWriter`) once the device is past them,
+so when the last pack finishes only its group is left to write. Each stage runs in a
 `pooljobs.*` profiler range (`python -m bench.timeline` splits the device's idle time by
 them). `run` may be called from two threads at once: units launch one at a time, in the
 order `run` was called, which is also the order they are read and tokenized in (a unit
@@ -42,11 +42,13 @@ from workers.tokenize import Encoded, EncodedWindow, TokenizerSpec
 from workers.tokenize_pool import RayTokenizer, ThreadTokenizer
 from workers.writer import ShardWriter, output_columns, write_table
 
-VERSION = "0.3.0"  # packed launch groups budgeted by real tokens (pack sizes, so float bits, changed)
+VERSION = "0.4.0"  # launch groups ramp up by tokens, not one per ramp window (packs, so float bits, changed)
 MAX_SEQS_PER_PACK = 4096
 RAMP_ROWS = 16
 RAMP_GROWTH = 1.25
 GROUP_TOKENS = 1 << 17  # tokenized windows merged into one launch group, up to this many tokens
+FIRST_GROUP_TOKENS = 1 << 14  # a unit's first launch group; the next ones double (`group_targets`)
+WARM_IN_FLIGHT = 4  # copies of each warm-up pack queued at once (a unit keeps several packs in flight)
 
 
 class RowError(ValueError):
@@ -113,6 +115,21 @@ def default_max_tokens(runtime: Runtime) -> int:
     inter = getattr(cfg, "intermediate_size", 4 * hidden)
     per_token = (6 * hidden + inter) * torch.finfo(runtime.dtype).bits // 8
     return int(max(2048, min(1 << 19, free // 4 // per_token)))
+
+
+def group_targets() -> Iterator[int]:
+    """Tokens each launch group of a unit holds at least: `FIRST_GROUP_TOKENS`, doubling
+    up to `GROUP_TOKENS`.
+
+    A launch costs the host 9 ms of Python in-process, and ~20 ms in a Ray actor on the
+    H200 (its threads contend for the GIL), whatever the pack's size; launched one by one,
+    the 13 ramp windows that start a unit took 0.3-0.7 s of host time for ~100k tokens
+    (~45 ms of device time). A few groups growing from 16k tokens still start the device
+    early, as soon as the first small windows are tokenized."""
+    target = min(FIRST_GROUP_TOKENS, GROUP_TOKENS)
+    while True:
+        yield target
+        target = min(2 * target, GROUP_TOKENS)
 
 
 def window_sizes(window_rows: int) -> Iterator[int]:
@@ -200,6 +217,47 @@ class UnitRunner:
                          "output_dtype": spec.output_dtype, "model_sha256": model_sha256 or self.runtime.fingerprint()}
         self._schema_metadata = {"pooljobs": json.dumps(self.metadata)}  # every shard's Parquet metadata
 
+    def warm_up(self) -> None:
+        """At load time, before the first unit: tokenizing processes start (Ray tasks), and
+        on a GPU the device runs packs of every size a unit launches (`warm_device`)."""
+        if isinstance(self.tokenizer, RayTokenizer):
+            self.tokenizer.warm_up()
+        if self.runtime.device.type == "cuda":
+            self.warm_device()
+
+    def warm_device(self) -> None:
+        """Forward synthetic packs from 1,024 tokens, doubling, up to the largest launch
+        group's (`max_tokens` or a full group plus one window of the longest rows), each
+        `WARM_IN_FLIGHT` times queued with its outputs copied home, as a unit does.
+
+        Otherwise a worker's first unit pays for growing the device's and the pinned host
+        memory pools (blocking allocator calls between launches) and for kernels' first
+        use: on the H200 a first run after load took 3.30 s for 40,000 docs (bert-base
+        shape) that a second run did in 2.15 s."""
+        ids = np.asarray(self.runtime.tokenizer("pooljobs warm-up: a short text.")["input_ids"], np.int32)
+        longest = self.runtime.max_length
+        group = GROUP_TOKENS + self.spec.window_rows * longest
+        total = min(1024, self.max_tokens, group)
+        while True:
+            lengths = np.full(total // longest, longest, np.int64)
+            if total % longest:
+                lengths = np.append(lengths, total % longest)
+            offsets = np.concatenate([[0], np.cumsum(lengths)])
+            enc = Encoded(np.resize(ids, total), offsets, None, np.zeros(len(lengths), bool),
+                          np.arange(len(lengths)), np.zeros(len(lengths), np.int32))
+            plan = PackPlan(np.arange(len(lengths)))
+            for _ in range(WARM_IN_FLIGHT):
+                budget = self.max_tokens
+                self._to_host([out for _, out in self._forward(enc, plan)])
+                if self.max_tokens < budget:  # out of memory: `_forward` halved the budget, which now holds
+                    total = group
+                    break
+            if total >= min(self.max_tokens, group):
+                break
+            total = min(2 * total, self.max_tokens, group)
+        if self.runtime.device.type == "cuda":
+            torch.cuda.synchronize(self.runtime.device)
+
     # -- the stages -----------------------------------------------------------------
     def _texts(self, unit: Unit, table: pa.Table) -> tuple[list, list | None, list[str | None]]:
         texts, reasons = text_column(table, self.spec.text_column, unit.uri)
@@ -229,8 +287,8 @@ class UnitRunner:
 
     def _feed(self, unit: Unit, windows: SimpleQueue, clock: dict[str, float]) -> UnitInput:
         """Read the unit part by part and send its windows to the tokenizer as soon as
-        their rows are read (on the feed thread); each (row count, pending tokens) goes
-        to `windows`, then None. Windows are cut from the usable rows by `WindowCutter`, the
+        their rows are read (on the feed thread); each one's pending tokens go to
+        `windows`, then None. Windows are cut from the usable rows by `WindowCutter`, the
         same whatever the parts, so a rerun tokenizes and packs the same rows together."""
         spec = self.spec
         columns = list(dict.fromkeys(c for c in (spec.text_column, spec.pair_column, spec.id_column) if c))
@@ -246,7 +304,7 @@ class UnitRunner:
             with record_function("pooljobs.submit"):
                 pending = self.tokenizer.submit(rows, [texts[i] for i in rows],
                                                 None if pairs is None else [pairs[i] for i in rows])
-            windows.put((len(rows), pending))
+            windows.put(pending)
 
         try:
             parts = read_unit_parts(unit, columns, spec.storage_options)
@@ -294,18 +352,17 @@ class UnitRunner:
         try:
             shard = ShardWriter(storage.join(self._out(), f"{unit.name}.parquet"), spec.storage_options)
             turn.wait()
-            while (item := windows.pop()) is not None:
+            targets = group_targets()
+            while (first := windows.pop()) is not None:
                 w = time.perf_counter()
-                size, first = item
+                target = next(targets)
                 with record_function("pooljobs.wait_tokens"):
                     group = [first.result()]
-                    # A ramp window launches alone (the device starts early); full-size ones
-                    # join into groups of GROUP_TOKENS (few, large launches). Decided by sizes,
-                    # never by which windows are ready, so a rerun packs the same rows and
-                    # writes the same bytes.
-                    while size == spec.window_rows and sum(g.tokens for g in group) < GROUP_TOKENS \
-                            and windows.peek() is not None:
-                        group.append(windows.pop()[1].result())
+                    # Windows join a launch group until it holds `target` tokens. Decided by
+                    # token counts, never by which windows are ready, so a rerun packs the
+                    # same rows and writes the same bytes.
+                    while sum(g.tokens for g in group) < target and windows.peek() is not None:
+                        group.append(windows.pop().result())
                 clock["wait_tokens"] += time.perf_counter() - w
                 with record_function("pooljobs.launch"):
                     window = EncodedWindow.concat(group)
@@ -351,12 +408,16 @@ class UnitRunner:
                 rows.append(window.kept[enc.source[pack_rows]])
                 chunks.append(enc.chunk[pack_rows])
                 outputs.append(out)
-        # One copy per output per group, not waited for here: the writer thread waits
-        # for the device to pass `timer`'s end, then encodes the rows.
-        host = {k: torch.cat([o[k] for o in outputs]).to("cpu", non_blocking=True) if outputs
-                else torch.zeros((0, *shape)) for k, shape in self.runtime.output_shapes.items()}
+        # Not waited for here: the writer thread waits for the device to pass `timer`'s
+        # end, then encodes the rows.
+        host = self._to_host(outputs)
         timer.stop()
         return self._writes.submit(self._write_part, shard, source, rows, chunks, host, timer), padded
+
+    def _to_host(self, outputs: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """Packs' outputs -> one non-blocking copy home per output."""
+        return {k: torch.cat([o[k] for o in outputs]).to("cpu", non_blocking=True) if outputs
+                else torch.zeros((0, *shape)) for k, shape in self.runtime.output_shapes.items()}
 
     def _write_part(self, shard: ShardWriter, source: Future, rows: list[np.ndarray],
                     chunks: list[np.ndarray], host: dict[str, torch.Tensor], timer: DeviceTimer) -> tuple[float, float]:
