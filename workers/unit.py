@@ -122,7 +122,7 @@ def group_targets() -> Iterator[int]:
     up to `GROUP_TOKENS`.
 
     A launch costs the host 9 ms of Python in-process, and ~20 ms in a Ray actor on the
-    H200 (its threads contend for the GIL), whatever the pack's size; launched one by one,
+    H200 (why it is slower there is not known), whatever the pack's size; launched one by one,
     the 13 ramp windows that start a unit took 0.3-0.7 s of host time for ~100k tokens
     (~45 ms of device time). A few groups growing from 16k tokens still start the device
     early, as soon as the first small windows are tokenized."""
@@ -137,8 +137,8 @@ def window_sizes(window_rows: int) -> Iterator[int]:
 
     All windows tokenize side by side, each in one task, so a window of n rows is ready
     after about n / (one CPU's rate); a gentle ramp makes them arrive one after another,
-    about as fast as the device eats them, so it starts within the first small window's
-    time instead of waiting for a full-size one (~0.12 s for 256 rows of ~100 tokens)."""
+    so the first launch group (a few small windows, `group_targets`) is ready within tens
+    of milliseconds instead of a full-size window's time (~0.12 s for 256 rows of ~100 tokens)."""
     size = min(RAMP_ROWS, window_rows)
     while True:
         yield size
