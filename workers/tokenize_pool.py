@@ -11,6 +11,7 @@ the Rust tokenizer spreads each batch over the host's cores.
 
 from __future__ import annotations
 
+import os
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -56,11 +57,15 @@ def _encode_task(key: str, spec_ref: list, rows: np.ndarray, texts: list[str], p
     return encode_window(_built(key, spec_ref), rows, texts, pairs)
 
 
-def _warm_task(key: str, spec_ref: list, hold: float) -> None:
-    """Build the tokenizer, then stay busy for `hold` seconds: warm-up tasks that end at
-    once would all reuse the first process, and Ray would start the others mid-run."""
+def _warm_task(key: str, spec_ref: list, hold: float) -> str:
+    """Build the tokenizer, then stay busy for `hold` seconds (warm-up tasks that end at
+    once would all reuse the first process, and Ray would start the others mid-run);
+    returns which process this is (node and pid)."""
+    import ray
+
     _built(key, spec_ref)
     time.sleep(hold)
+    return f"{ray.get_runtime_context().get_node_id()}:{os.getpid()}"
 
 
 class RayTokenizer:
@@ -77,15 +82,21 @@ class RayTokenizer:
     def submit(self, rows: np.ndarray, texts: list[str], pairs: list[str] | None) -> Pending:
         return self._task.remote(self.key, [self._spec_ref], rows, texts, pairs).future()
 
-    def warm_up(self) -> None:
+    def warm_up(self, rounds: int = 3) -> None:
         """One task per free CPU, side by side, at load time: Ray starts task processes on
         demand (a second or more of CPU each, measured to slow a cold run's tokenizing
-        2.5x), and each builds the tokenizer once; not during the first units."""
+        2.5x), and each builds the tokenizer once; not during the first units.
+
+        Repeated (up to `rounds` times) until one round ran in as many processes as tasks:
+        a process that came up after another had finished its hold is left without a task,
+        so without its tokenizer (15 tasks found 14 processes on a loaded 2-core machine)."""
         import ray
 
         free = max(1, int(ray.available_resources().get("CPU", 1)))
         warm = ray.remote(_warm_task).options(**self._options)
-        ray.get([warm.remote(self.key, [self._spec_ref], 1.0) for _ in range(free)])
+        for _ in range(rounds):
+            if len(set(ray.get([warm.remote(self.key, [self._spec_ref], 1.0) for _ in range(free)]))) == free:
+                return
 
     def close(self) -> None:
         pass

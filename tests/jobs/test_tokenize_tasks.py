@@ -71,11 +71,46 @@ def test_first_window_launches_before_the_last_is_sent(make_spec, tmp_path, monk
 
 
 def test_warm_up_builds_the_tokenizer_in_task_processes(ray_instances, make_spec, tmp_path):
+    """After the warm-up, tasks side by side on every CPU all find their process's tokenizer built."""
+    import ray
+
     ray_instances.get("local")
     runner = UnitRunner(make_spec(tmp_path, backend="local"), tokenize_in_tasks=True)
-    runner.tokenizer.warm_up()  # no error, and a window after it still tokenizes
+    free = int(ray.available_resources()["CPU"])
+    runner.tokenizer.warm_up()
+
+    def has_tokenizer(key: str) -> bool:  # in a task process: was its tokenizer built before this task?
+        import workers.tokenize_pool
+
+        time.sleep(0.5)  # side by side with the others, so each takes a process of its own
+        return key in workers.tokenize_pool._BUILT
+
+    probe = ray.remote(has_tokenizer).options(**runner.tokenizer._options)
+    assert all(ray.get([probe.remote(runner.tokenizer.key) for _ in range(free)]))
     window = runner.tokenizer.submit(np.arange(2), ["alpha beta", ""], None).result()
     assert window.kept.tolist() == [0, 1] and window.encoded.lengths.tolist()[1] == 2  # [CLS] [SEP] only
+
+
+def test_warm_up_runs_again_when_tasks_shared_a_process(ray_instances, make_spec, tmp_path, monkeypatch):
+    """A round that found fewer processes than tasks is repeated, up to `rounds` times."""
+    import ray
+
+    import workers.tokenize_pool as pool
+
+    ray_instances.get("local")
+    runner = UnitRunner(make_spec(tmp_path, backend="local"), tokenize_in_tasks=True)
+    free = int(ray.available_resources()["CPU"])
+    calls: list[int] = []
+    real_get = ray.get
+
+    def one_process(refs):  # every round reports a single process
+        calls.append(len(refs))
+        return ["node:1"] * len(real_get(refs))
+
+    monkeypatch.setattr(ray, "get", one_process)
+    runner.tokenizer.warm_up(rounds=3)
+    monkeypatch.undo()
+    assert calls == [free] * 3 if free > 1 else calls == [1]
 
 
 def test_first_window_is_sent_before_the_unit_is_read_whole(make_spec, tmp_path, monkeypatch):
