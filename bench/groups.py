@@ -9,21 +9,35 @@ two units in flight, tokenizing in Ray tasks, after the same warm-up) several ti
 records only the worker's own `pooljobs.*` ranges with a clock and each launch group's
 device start and end with the CUDA events `DeviceTimer` already records. Per run it
 prints every group's host launch time, device span and the device's idle gap before it,
-the ranges' totals, and when the first windows' tokens came back.
+the ranges' totals, and when the first windows' tokens came back, split into the wait
+for a task process, the tokenizing in it and the way back (traced in the task itself).
+`--in-process` runs the same object in this process instead of an actor (launches cost
+~20-25 ms of host time in the actor against ~9 ms in a process: is the actor the cause?).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import tempfile
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
 from bench.__main__ import build_model, make_corpus, pooling_of, write_corpus
+
+
+def _traced_encode(key: str, spec_ref: list, rows, texts, pairs):
+    """`workers.tokenize_pool`'s task, also returning its process and its wall-clock span."""
+    from workers.tokenize_pool import _encode_task
+
+    start = time.time()
+    window = _encode_task(key, spec_ref, rows, texts, pairs)
+    return window, (os.getpid(), start, time.time())
 
 
 class Recorder:
@@ -49,14 +63,25 @@ class Recorder:
         self.runner = UnitRunner(spec, model_sha256="-", tokenize_in_tasks=True)
         self.runner.warm_up()
         self.load_seconds = time.perf_counter() - t
-        submit = self.runner.tokenizer.submit
+        tokenizer = self.runner.tokenizer
+        import ray
 
-        def timed_submit(rows, texts, pairs):
-            sent, pending = time.perf_counter(), submit(rows, texts, pairs)
-            pending.add_done_callback(lambda _: self.windows.append((sent, time.perf_counter(), len(rows))))
-            return pending
+        traced = ray.remote(_traced_encode).options(**tokenizer._options)
 
-        self.runner.tokenizer.submit = timed_submit
+        def timed_submit(rows, texts, pairs) -> Future:
+            sent, wall = time.perf_counter(), time.time()
+            pending, out = traced.remote(tokenizer.key, [tokenizer._spec_ref], rows, texts, pairs).future(), Future()
+
+            def done(f: Future) -> None:
+                window, (pid, start, end) = f.result()
+                back = time.perf_counter()
+                self.windows.append((sent, back, len(rows), start - wall, end - start, back - sent - (end - wall), pid))
+                out.set_result(window)
+
+            pending.add_done_callback(done)
+            return out
+
+        tokenizer.submit = timed_submit
 
     @contextlib.contextmanager
     def _range(self, name: str):
@@ -98,11 +123,15 @@ class Recorder:
             totals.setdefault((name, thread), []).append(b - a)
         lines += [f"# {name} on {thread}: {len(d)} x, {sum(d) * 1e3:.0f} ms" for (name, thread), d in sorted(totals.items())]
         if self.windows:
-            first = sorted(self.windows)[:20]
-            lines.append("# first windows (sent ms, tokens back ms, rows): "
-                         + ", ".join(f"({(a - self.t0) * 1e3:.0f}, {(b - self.t0) * 1e3:.0f}, {n})" for a, b, n in first))
-            latency = [(b - a) * 1e3 for a, b, _ in self.windows]
-            lines.append(f"# {len(latency)} windows: tokens back after median {np.median(latency):.0f} ms, max {max(latency):.0f} ms")
+            lines.append("# first windows: sent ms, back ms, rows | ms waiting for a process, tokenizing, coming back | pid")
+            lines += [f"#   {(a - self.t0) * 1e3:.0f}, {(b - self.t0) * 1e3:.0f}, {n} | {q * 1e3:.0f}, {r * 1e3:.0f}, "
+                      f"{back * 1e3:.0f} | {pid}" for a, b, n, q, r, back, pid in sorted(self.windows)[:24]]
+            w = np.array([row[:6] for row in self.windows])
+            latency, queued, ran, back = (w[:, 1] - w[:, 0]) * 1e3, w[:, 3] * 1e3, w[:, 4] * 1e3, w[:, 5] * 1e3
+            lines.append(f"# {len(w)} windows in {len({row[6] for row in self.windows})} processes: back after median "
+                         f"{np.median(latency):.0f} ms, max {latency.max():.0f}; waiting for a process median "
+                         f"{np.median(queued):.0f}, max {queued.max():.0f}; tokenizing median {np.median(ran):.0f}, max "
+                         f"{ran.max():.0f}; coming back median {np.median(back):.0f}, max {back.max():.0f}")
         return "\n".join(lines)
 
 
@@ -113,6 +142,7 @@ def main() -> None:
     parser.add_argument("--docs", type=int, default=40_000)
     parser.add_argument("--unit-rows", type=int, default=20_000)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--in-process", action="store_true", help="run the worker in this process, not an actor")
     args = parser.parse_args()
 
     import ray
@@ -129,16 +159,24 @@ def main() -> None:
                    pooling=pooling_of(args.shape), normalize=True, unit_rows=args.unit_rows, progress=None)
     units = plan_units(spec, list_inputs(spec))
     init_ray(None)
-    gpus = 1 if torch.cuda.is_available() else 0
-    actor = ray.remote(Recorder).options(num_gpus=gpus, num_cpus=1, max_concurrency=IN_FLIGHT).remote(spec)
-    print(f"# {args.shape}: {len(units)} units, load {ray.get(actor.start.remote()):.1f} s", flush=True)
+    if args.in_process:
+        recorder, pool = Recorder(spec), ThreadPoolExecutor(IN_FLIGHT)
+        call = lambda method, *a: getattr(recorder, method)(*a)  # noqa: E731
+        run_all = lambda: [f.result() for f in [pool.submit(recorder.run, u) for u in units]]  # noqa: E731
+    else:
+        gpus = 1 if torch.cuda.is_available() else 0
+        actor = ray.remote(Recorder).options(num_gpus=gpus, num_cpus=1, max_concurrency=IN_FLIGHT).remote(spec)
+        call = lambda method, *a: ray.get(getattr(actor, method).remote(*a))  # noqa: E731
+        run_all = lambda: ray.get([actor.run.remote(u) for u in units])  # noqa: E731  both in flight, as the driver sends them
+    where = "this process" if args.in_process else "an actor"
+    print(f"# {args.shape} in {where}: {len(units)} units, load {call('start'):.1f} s", flush=True)
     for rep in range(args.reps):
-        ray.get(actor.start.remote())
+        call("start")
         t = time.perf_counter()
-        tokens = sum(ray.get([actor.run.remote(u) for u in units]))  # both in flight, as the driver sends them
+        tokens = sum(run_all())
         wall = time.perf_counter() - t
         print(f"\n# run {rep}: {wall:.3f} s, {tokens / wall:,.0f} tokens/s (the driver's clock)")
-        print(ray.get(actor.report.remote(f"run {rep}")), flush=True)
+        print(call("report", f"run {rep}"), flush=True)
     ray.shutdown()
 
 

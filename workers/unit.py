@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Iterator
 from queue import SimpleQueue
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -352,49 +352,54 @@ class UnitRunner:
         parts: list[Future] = []
         rejected: dict[int, str] = {}
         tokens = padded = truncated = 0
-        # One unit launches at a time, in turn; the next may start once this one's last pack
-        # is queued, so its packs follow on the device without a gap.
+        shard = ShardWriter(storage.join(self._out(), f"{unit.name}.parquet"), spec.storage_options)
         try:
-            shard = ShardWriter(storage.join(self._out(), f"{unit.name}.parquet"), spec.storage_options)
-            turn.wait()
-            targets = group_targets()
-            while (first := windows.pop()) is not None:
-                w = time.perf_counter()
-                target = next(targets)
-                with record_function("pooljobs.wait_tokens"):
-                    group = [first.result()]
-                    # Windows join a launch group until it holds `target` tokens. Decided by
-                    # token counts, never by which windows are ready, so a rerun packs the
-                    # same rows and writes the same bytes.
-                    while sum(g.tokens for g in group) < target and windows.peek() is not None:
-                        group.append(windows.pop().result())
-                clock["wait_tokens"] += time.perf_counter() - w
-                with record_function("pooljobs.launch"):
-                    window = EncodedWindow.concat(group)
-                    part, group_padded = self._launch(window, shard, feed)
-                clock["tokenize"] += window.seconds
-                rejected.update(window.rejected)
-                tokens, truncated = tokens + window.tokens, truncated + int(window.encoded.truncated.sum())
-                parts.append(part)
-                padded += group_padded
-        finally:
-            done.set()
-        source = feed.result()  # raises the read's error, if any
-        for part in parts:
-            device_s, write_s = part.result()
-            clock["forward"] += device_s
-            clock["write"] += write_s
+            # One unit launches at a time, in turn; the next may start once this one's last pack
+            # is queued, so its packs follow on the device without a gap.
+            try:
+                turn.wait()
+                targets = group_targets()
+                while (first := windows.pop()) is not None:
+                    w = time.perf_counter()
+                    target = next(targets)
+                    with record_function("pooljobs.wait_tokens"):
+                        group = [first.result()]
+                        # Windows join a launch group until it holds `target` tokens. Decided by
+                        # token counts, never by which windows are ready, so a rerun packs the
+                        # same rows and writes the same bytes.
+                        while sum(g.tokens for g in group) < target and windows.peek() is not None:
+                            group.append(windows.pop().result())
+                    clock["wait_tokens"] += time.perf_counter() - w
+                    with record_function("pooljobs.launch"):
+                        window = EncodedWindow.concat(group)
+                        part, group_padded = self._launch(window, shard, feed)
+                    clock["tokenize"] += window.seconds
+                    rejected.update(window.rejected)
+                    tokens, truncated = tokens + window.tokens, truncated + int(window.encoded.truncated.sum())
+                    parts.append(part)
+                    padded += group_padded
+            finally:
+                done.set()
+            source = feed.result()  # raises the read's error, if any
+            for part in parts:
+                device_s, write_s = part.result()
+                clock["forward"] += device_s
+                clock["write"] += write_s
 
-        bad = {**source.bad, **rejected}
-        if bad and spec.on_error == "fail":
-            row = min(bad)
-            raise RowError(f"{unit.uri}: row {unit.row_offset + row}: {bad[row]} (on_error='fail')")
-        t = time.perf_counter()
-        with record_function("pooljobs.commit"):
-            if bad:
-                self._write_errors(unit, source.keys, bad)
-            nbytes, checksum = shard.commit()
-        clock["commit"] = time.perf_counter() - t  # on the critical path for the last unit: hash and store
+            bad = {**source.bad, **rejected}
+            if bad and spec.on_error == "fail":
+                row = min(bad)
+                raise RowError(f"{unit.uri}: row {unit.row_offset + row}: {bad[row]} (on_error='fail')")
+            t = time.perf_counter()
+            with record_function("pooljobs.commit"):
+                if bad:
+                    self._write_errors(unit, source.keys, bad)
+                nbytes, checksum = shard.commit()
+            clock["commit"] = time.perf_counter() - t  # on the critical path for the last unit
+        except BaseException:
+            wait(parts)  # the writer thread is done with the shard
+            shard.abort()
+            raise
         key_values = source.keys[1]
         duplicates = len(key_values) - len(pc.unique(key_values)) if spec.id_column else 0
         return UnitResult(unit.name, shard.rows, len(bad), tokens, padded, truncated, duplicates, checksum, nbytes,

@@ -102,6 +102,7 @@ def test_fail_policy_names_file_row_and_reason(messy, make_spec, tmp_path):
     (error,) = outcome.failed.values()
     assert "RowError" in error and "one.parquet: row 1: null text" in error
     assert not list((tmp_path / "o").glob("part-*.parquet")) and not (tmp_path / "o" / "_errors").exists()
+    assert not list((tmp_path / "o").glob(".*.tmp"))  # the failed unit's shard was dropped
 
 
 def test_non_text_column_fails_before_model_load(make_spec, tmp_path, monkeypatch):
@@ -164,24 +165,25 @@ def test_oom_splits_the_pack_and_output_is_unchanged(make_spec, tmp_path, monkey
 
 
 def test_disk_error_names_the_path_and_rerun_resumes(make_spec, tmp_path, monkeypatch):
-    import workers.writer
+    from workers.writer import ShardWriter
 
     spec = make_spec(tmp_path / "o", backend="local", max_retries=0)
-    real = workers.writer.put_atomic
-    broken = {"n": 0}
+    real_open = ShardWriter._open
 
-    def full_disk(uri, data, options=None):
-        if "part-00000-00001" in uri:
-            broken["n"] += 1
-            raise OSError(f"cannot write {uri}: [Errno 28] No space left on device")
-        return real(uri, data, options)
+    def full_disk(shard):
+        real_open(shard)
+        if "part-00000-00001" in shard.uri:
+            def write(data):
+                raise OSError(28, "No space left on device")
+            shard._file.write = write
 
-    monkeypatch.setattr(workers.writer, "put_atomic", full_disk)
+    monkeypatch.setattr(ShardWriter, "_open", full_disk)
     first = run_job(spec)
     assert list(first.failed) == ["part-00000-00001"]
     assert "part-00000-00001.parquet" in first.failed["part-00000-00001"] and "No space" in first.failed["part-00000-00001"]
     assert not (tmp_path / "o" / "_manifest" / "part-00000-00001.json").exists()
-    monkeypatch.setattr(workers.writer, "put_atomic", real)
+    assert not list((tmp_path / "o").glob(".*.tmp"))  # the failed shard's temp file is gone
+    monkeypatch.setattr(ShardWriter, "_open", real_open)
     second = run_job(spec)
     assert second.ok and second.report["units_run_now"] == 1
 

@@ -74,6 +74,20 @@ def test_shard_writer_with_no_rows_keeps_the_columns(tmp_path):
     assert table.num_rows == 0 and table.schema.names == ["id", "score"]
 
 
+def test_shard_is_hidden_until_commit_and_abort_leaves_nothing(tmp_path):
+    table = pa.table({"id": np.arange(1000), "embedding": embedding_array(np.ones((1000, 64), np.float32), "float32")})
+    kept, dropped = ShardWriter(str(tmp_path / "out" / "a.parquet"), row_group_bytes=1), ShardWriter(str(tmp_path / "out" / "b.parquet"), row_group_bytes=1)
+    kept.write(table), dropped.write(table)  # a row group each, streamed to disk
+    hidden = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert len(hidden) == 2 and all(n.startswith((".a.parquet.", ".b.parquet.")) and n.endswith(".tmp") for n in hidden)
+    dropped.abort()
+    size, digest = kept.commit()
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["a.parquet"]
+    data = (tmp_path / "out" / "a.parquet").read_bytes()
+    assert (size, digest) == (len(data), hashlib.sha256(data).hexdigest())
+    assert pq.read_table(tmp_path / "out" / "a.parquet").equals(pa.Table.from_arrays(table.columns, schema=kept.schema))
+
+
 def test_atomic_put_leaves_only_the_file(tmp_path):
     size, digest = write_table(str(tmp_path / "out" / "s.parquet"), pa.table({"a": [1, 2]}))
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["s.parquet"]
