@@ -13,13 +13,19 @@ the ranges' totals, and when the first windows' tokens came back, split into the
 for a task process, the tokenizing in it and the way back (traced in the task itself).
 `--in-process` runs the same object in this process instead of an actor (launches cost
 ~20-25 ms of host time in the actor against ~9 ms in a process: is the actor the cause?).
+`--variants` runs the same actor under other settings in turn, e.g.
+`--variants "base;switch=0.0005;RAMP_GROWTH=1.15,window_rows=128"`: `switch` is Python's
+thread switch interval (s), upper-case names are `workers.unit` constants and the others
+`JobSpec` fields.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
+import sys
 import tempfile
 import threading
 import time
@@ -31,12 +37,12 @@ import numpy as np
 from bench.__main__ import build_model, make_corpus, pooling_of, write_corpus
 
 
-def _traced_encode(key: str, spec_ref: list, rows, texts, pairs):
+def _traced_encode(key: str, spec_ref: list, rows, segments):
     """`workers.tokenize_pool`'s task, also returning its process and its wall-clock span."""
     from workers.tokenize_pool import _encode_task
 
     start = time.time()
-    window = _encode_task(key, spec_ref, rows, texts, pairs)
+    window = _encode_task(key, spec_ref, rows, segments)
     return window, (os.getpid(), start, time.time())
 
 
@@ -68,9 +74,9 @@ class Recorder:
 
         traced = ray.remote(_traced_encode).options(**tokenizer._options)
 
-        def timed_submit(rows, texts, pairs) -> Future:
+        def timed_submit(rows, segments) -> Future:
             sent, wall = time.perf_counter(), time.time()
-            pending, out = traced.remote(tokenizer.key, [tokenizer._spec_ref], rows, texts, pairs).future(), Future()
+            pending, out = traced.remote(tokenizer.key, [tokenizer._spec_ref], rows, segments).future(), Future()
 
             def done(f: Future) -> None:
                 window, (pid, start, end) = f.result()
@@ -82,6 +88,19 @@ class Recorder:
             return out
 
         tokenizer.submit = timed_submit
+
+    def configure(self, settings: dict[str, str]) -> None:
+        """Apply a variant's settings (see the module's doc), every other one at its default."""
+        import workers.unit as unit
+
+        if not hasattr(self, "defaults"):
+            self.defaults = (sys.getswitchinterval(), {k: getattr(unit, k) for k in dir(unit) if k.isupper()}, self.runner.spec)
+        switch, constants, spec = self.defaults
+        sys.setswitchinterval(float(settings.get("switch", switch)))
+        for name, value in constants.items():
+            setattr(unit, name, type(value)(settings.get(name, value)))
+        fields = {k: type(getattr(spec, k))(v) for k, v in settings.items() if k != "switch" and not k.isupper()}
+        self.runner.spec = dataclasses.replace(spec, **fields)
 
     @contextlib.contextmanager
     def _range(self, name: str):
@@ -143,6 +162,7 @@ def main() -> None:
     parser.add_argument("--unit-rows", type=int, default=20_000)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--in-process", action="store_true", help="run the worker in this process, not an actor")
+    parser.add_argument("--variants", default="base", help="settings to run in turn, ';' between variants")
     args = parser.parse_args()
 
     import ray
@@ -161,22 +181,36 @@ def main() -> None:
     init_ray(None)
     if args.in_process:
         recorder, pool = Recorder(spec), ThreadPoolExecutor(IN_FLIGHT)
-        call = lambda method, *a: getattr(recorder, method)(*a)  # noqa: E731
-        run_all = lambda: [f.result() for f in [pool.submit(recorder.run, u) for u in units]]  # noqa: E731
+
+        def call(method: str, *a):
+            return getattr(recorder, method)(*a)
+
+        def run_all() -> list[int]:
+            return [f.result() for f in [pool.submit(recorder.run, u) for u in units]]
     else:
         gpus = 1 if torch.cuda.is_available() else 0
         actor = ray.remote(Recorder).options(num_gpus=gpus, num_cpus=1, max_concurrency=IN_FLIGHT).remote(spec)
-        call = lambda method, *a: ray.get(getattr(actor, method).remote(*a))  # noqa: E731
-        run_all = lambda: ray.get([actor.run.remote(u) for u in units])  # noqa: E731  both in flight, as the driver sends them
+
+        def call(method: str, *a):
+            return ray.get(getattr(actor, method).remote(*a))
+
+        def run_all() -> list[int]:
+            return ray.get([actor.run.remote(u) for u in units])  # both in flight, as the driver sends them
     where = "this process" if args.in_process else "an actor"
     print(f"# {args.shape} in {where}: {len(units)} units, load {call('start'):.1f} s", flush=True)
-    for rep in range(args.reps):
-        call("start")
-        t = time.perf_counter()
-        tokens = sum(run_all())
-        wall = time.perf_counter() - t
-        print(f"\n# run {rep}: {wall:.3f} s, {tokens / wall:,.0f} tokens/s (the driver's clock)")
-        print(call("report", f"run {rep}"), flush=True)
+    summary = []
+    for variant in args.variants.split(";"):
+        settings = dict(kv.split("=", 1) for kv in variant.split(",") if "=" in kv)
+        call("configure", settings)
+        for rep in range(args.reps):
+            call("start")
+            t = time.perf_counter()
+            tokens = sum(run_all())
+            wall = time.perf_counter() - t
+            summary.append(f"# {variant}, run {rep}: {wall:.3f} s, {tokens / wall:,.0f} tokens/s")
+            print(f"\n{summary[-1]} (the driver's clock)")
+            print(call("report", f"{variant}, run {rep}"), flush=True)
+    print("\n" + "\n".join(summary))
     ray.shutdown()
 
 

@@ -7,6 +7,13 @@ on a CPU (single-threaded; parallelism is the number of tasks, scaled by Ray acr
 cluster's CPUs) and receives flat int32 arrays through the object store. Ray retries a
 task whose process dies. Workers without a GPU tokenize in one background thread, where
 the Rust tokenizer spreads each batch over the host's cores.
+
+Texts cross to the tasks once per read part (`put`: an Arrow table in the object store,
+read zero-copy), and each window's task gets only row numbers within the parts it spans.
+Sending each window's texts as task arguments cost the GPU worker 2-3 ms of its own
+(GIL-holding) time per window on the H200 host, which capped windows at a few hundred a
+second, so they had to be large (256 rows, ~115 ms to tokenize), and the device waited
+for them at the start of a unit.
 """
 
 from __future__ import annotations
@@ -17,10 +24,27 @@ from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
+import pyarrow as pa
 
 from workers.tokenize import BatchTokenizer, EncodedWindow, TokenizerSpec, encode_window
 
 Pending = Future  # of an EncodedWindow
+Segment = tuple  # (a part: its table, or the object store's reference to it; (k,) int64 rows within it)
+
+
+def part_table(texts: list[str | None], pairs: list[str | None] | None) -> pa.Table:
+    """A read part's texts (None for unusable rows), and pairs, as `put` takes them."""
+    columns = {"text": pa.array(texts, pa.large_string())}
+    if pairs is not None:
+        columns["pair"] = pa.array(pairs, pa.large_string())
+    return pa.table(columns)
+
+
+def _encode_parts(tokenize: BatchTokenizer, rows: np.ndarray, segments: list[Segment]) -> EncodedWindow:
+    """Tokenize the window whose texts are `segments`' rows (parts as tables), in order."""
+    window = pa.concat_tables([part.take(local) for part, local in segments])
+    pairs = window.column("pair").to_pylist() if "pair" in window.column_names else None
+    return encode_window(tokenize, rows, window.column("text").to_pylist(), pairs)
 
 
 class ThreadTokenizer:
@@ -30,8 +54,12 @@ class ThreadTokenizer:
         self.tokenize = spec.build()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize")
 
-    def submit(self, rows: np.ndarray, texts: list[str], pairs: list[str] | None) -> Pending:
-        return self._pool.submit(encode_window, self.tokenize, rows, texts, pairs)
+    def put(self, part: pa.Table) -> pa.Table:
+        return part
+
+    def submit(self, rows: np.ndarray, segments: list[Segment]) -> Pending:
+        """Tokenize window `rows`, whose texts are `segments` (their rows in order)."""
+        return self._pool.submit(_encode_parts, self.tokenize, rows, segments)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -53,17 +81,22 @@ def _built(key: str, spec_ref: list) -> BatchTokenizer:
     return _BUILT[key]
 
 
-def _encode_task(key: str, spec_ref: list, rows: np.ndarray, texts: list[str], pairs: list[str] | None) -> EncodedWindow:
-    return encode_window(_built(key, spec_ref), rows, texts, pairs)
-
-
-def _warm_task(key: str, spec_ref: list, hold: float) -> str:
-    """Build the tokenizer, then stay busy for `hold` seconds (warm-up tasks that end at
-    once would all reuse the first process, and Ray would start the others mid-run);
-    returns which process this is (node and pid)."""
+def _encode_task(key: str, spec_ref: list, rows: np.ndarray, segments: list[Segment]) -> EncodedWindow:
     import ray
 
-    _built(key, spec_ref)
+    parts = ray.get([ref for ref, _ in segments])  # nested references: fetched here, zero-copy
+    return _encode_parts(_built(key, spec_ref), rows, [(part, local) for part, (_, local) in zip(parts, segments)])
+
+
+def _warm_task(key: str, spec_ref: list, segments: list[Segment], hold: float) -> str:
+    """Tokenize a one-row window the way `_encode_task` does, building the tokenizer and
+    fetching a part (when warm-up only built the tokenizer, each of a first run's first
+    windows took 0.3-0.5 s in its task on the H200 host, against ~0.1 s after); then stay
+    busy for `hold` seconds (warm-up tasks that end at once would all reuse the first
+    process, and Ray would start the others mid-run); returns which process this is."""
+    import ray
+
+    _encode_task(key, spec_ref, np.zeros(1, np.int64), segments)
     time.sleep(hold)
     return f"{ray.get_runtime_context().get_node_id()}:{os.getpid()}"
 
@@ -79,8 +112,15 @@ class RayTokenizer:
                              runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})  # merged into the job's
         self._task = ray.remote(_encode_task).options(**self._options)
 
-    def submit(self, rows: np.ndarray, texts: list[str], pairs: list[str] | None) -> Pending:
-        return self._task.remote(self.key, [self._spec_ref], rows, texts, pairs).future()
+    def put(self, part: pa.Table):
+        """The part in the object store, once for all its windows' tasks."""
+        import ray
+
+        return ray.put(part)
+
+    def submit(self, rows: np.ndarray, segments: list[Segment]) -> Pending:
+        """Tokenize window `rows` in a task, whose texts are `segments` (their rows in order)."""
+        return self._task.remote(self.key, [self._spec_ref], rows, segments).future()
 
     def warm_up(self, rounds: int = 3) -> None:
         """One task per free CPU, side by side, at load time: Ray starts task processes on
@@ -94,8 +134,9 @@ class RayTokenizer:
 
         free = max(1, int(ray.available_resources().get("CPU", 1)))
         warm = ray.remote(_warm_task).options(**self._options)
+        segments = [(self.put(part_table(["pooljobs warm-up"], None)), np.zeros(1, np.int64))]
         for _ in range(rounds):
-            if len(set(ray.get([warm.remote(self.key, [self._spec_ref], 1.0) for _ in range(free)]))) == free:
+            if len(set(ray.get([warm.remote(self.key, [self._spec_ref], segments, 1.0) for _ in range(free)]))) == free:
                 return
 
     def close(self) -> None:

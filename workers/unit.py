@@ -39,7 +39,7 @@ from workers import storage
 from workers.packing import PackPlan, build_pack, plan_packs
 from workers.reader import Unit, read_unit_parts, text_column
 from workers.tokenize import Encoded, EncodedWindow, TokenizerSpec
-from workers.tokenize_pool import RayTokenizer, ThreadTokenizer
+from workers.tokenize_pool import RayTokenizer, ThreadTokenizer, part_table
 from workers.writer import ShardWriter, output_columns, write_table
 
 VERSION = "0.4.0"  # launch groups ramp up by tokens, not one per ramp window (packs, so float bits, changed)
@@ -121,8 +121,8 @@ def group_targets() -> Iterator[int]:
     """Tokens each launch group of a unit holds at least: `FIRST_GROUP_TOKENS`, doubling
     up to `GROUP_TOKENS`.
 
-    A launch costs the host 9 ms of Python in-process, and ~20 ms in a Ray actor on the
-    H200 (why it is slower there is not known), whatever the pack's size; launched one by one,
+    A launch costs the host 9-25 ms of Python on the H200 (as much in a process as in a Ray
+    actor, `bench.groups --in-process`), whatever the pack's size; launched one by one,
     the 13 ramp windows that start a unit took 0.3-0.7 s of host time for ~100k tokens
     (~45 ms of device time). A few groups growing from 16k tokens still start the device
     early, as soon as the first small windows are tokenized."""
@@ -219,9 +219,7 @@ class UnitRunner:
         self._last_turn.set()
         self._writes = ThreadPoolExecutor(max_workers=1, thread_name_prefix="write")  # launch groups' rows, in order
         # Units are read and their windows sent to the tokenizer from a thread of their own,
-        # in order: sending one to a Ray task costs ~3 ms (its texts pass Ray's 100 KB
-        # inline limit, so they are put in the object store), and 87 of them sent before
-        # the first launch held the device back ~0.2 s on the H200 (`bench.timeline`).
+        # in order, so sending (a Ray task each) never delays a launch.
         self._feeds = ThreadPoolExecutor(max_workers=1, thread_name_prefix="feed")
         self.metadata = {"pooljobs_version": VERSION, **self.runtime.provenance(),
                          "output_dtype": spec.output_dtype, "model_sha256": model_sha256 or self.runtime.fingerprint()}
@@ -297,36 +295,35 @@ class UnitRunner:
         same whatever the parts, so a rerun tokenizes and packs the same rows together."""
         spec = self.spec
         columns = list(dict.fromkeys(c for c in (spec.text_column, spec.pair_column, spec.id_column) if c))
-        texts: list = []
-        pairs: list | None = [] if spec.pair_column else None
         reasons: list[str | None] = []
         tables: list[pa.Table] = []
+        parts, starts = [], []  # each read part's texts as the tokenizer holds them, and its first row
         good: list[int] = []
         cutter = WindowCutter(spec.window_rows)
 
         def send(start: int, stop: int) -> None:
             rows = np.array(good[start:stop], dtype=np.int64)
+            part = np.searchsorted(starts, rows, side="right") - 1
+            segments = [(parts[i], rows[part == i] - starts[i]) for i in np.unique(part)] or [(parts[-1], rows)]
             with record_function("pooljobs.submit"):
-                pending = self.tokenizer.submit(rows, [texts[i] for i in rows],
-                                                None if pairs is None else [pairs[i] for i in rows])
+                pending = self.tokenizer.submit(rows, segments)
             windows.put(pending)
 
         try:
-            parts = read_unit_parts(unit, columns, spec.storage_options)
+            reading = read_unit_parts(unit, columns, spec.storage_options)
             while True:
                 t = time.perf_counter()
                 with record_function("pooljobs.read"):
-                    table = next(parts, None)
+                    table = next(reading, None)
                     if table is not None:
                         part_texts, part_pairs, part_reasons = self._texts(unit, table)
+                        starts.append(len(reasons))
+                        parts.append(self.tokenizer.put(part_table(part_texts, part_pairs)))
                 clock["read"] += time.perf_counter() - t
                 if table is None:
                     break
-                good.extend(len(texts) + i for i, r in enumerate(part_reasons) if r is None)
-                texts += part_texts
+                good.extend(len(reasons) + i for i, r in enumerate(part_reasons) if r is None)
                 reasons += part_reasons
-                if pairs is not None:
-                    pairs += part_pairs
                 tables.append(table)
                 for start, stop in cutter.take(len(good), last=False):
                     send(start, stop)

@@ -26,8 +26,8 @@ def test_windows_join_a_group_until_it_holds_its_target(make_spec, tmp_path, mon
     windows: list[int] = []  # tokens of every window, in order
     submit = runner.tokenizer.submit
 
-    def record_window(rows, texts, pairs):
-        pending = submit(rows, texts, pairs)
+    def record_window(rows, segments):
+        pending = submit(rows, segments)
         windows.append(pending)
         return pending
 

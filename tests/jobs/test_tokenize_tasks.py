@@ -87,7 +87,10 @@ def test_warm_up_builds_the_tokenizer_in_task_processes(ray_instances, make_spec
 
     probe = ray.remote(has_tokenizer).options(**runner.tokenizer._options)
     assert all(ray.get([probe.remote(runner.tokenizer.key) for _ in range(free)]))
-    window = runner.tokenizer.submit(np.arange(2), ["alpha beta", ""], None).result()
+    from workers.tokenize_pool import part_table
+
+    part = runner.tokenizer.put(part_table(["alpha beta", ""], None))
+    window = runner.tokenizer.submit(np.arange(2), [(part, np.arange(2))]).result()
     assert window.kept.tolist() == [0, 1] and window.encoded.lengths.tolist()[1] == 2  # [CLS] [SEP] only
 
 
@@ -114,17 +117,19 @@ def test_warm_up_runs_again_when_tasks_shared_a_process(ray_instances, make_spec
 
 
 def test_first_window_is_sent_before_the_unit_is_read_whole(make_spec, tmp_path, monkeypatch):
-    """A unit is read in parts (first row group, then the rest) and its first windows go
+    """A unit is read in parts (its first rows, then the rest) and its first windows go
     to the tokenizer before the rest is read; the windows, so the shard's bytes and its
     quarantined rows, are the same as when the unit is read in one part."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    import workers.reader
     import workers.unit
 
     texts = [f"row {i} " + "pooling " * (i % 9) for i in range(300)]
     texts[5] = texts[150] = None  # a bad row in each part shifts the usable rows' numbering
-    pq.write_table(pa.table({"id": range(300), "text": texts}), tmp_path / "in.parquet", row_group_size=100)
+    pq.write_table(pa.table({"id": range(300), "text": texts}), tmp_path / "in.parquet", row_group_size=200)
+    monkeypatch.setattr(workers.reader, "PART_ROWS", 150)  # parts end inside row groups
     read_parts = workers.unit.read_unit_parts
     events: list[str] = []
 

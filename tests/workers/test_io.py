@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from workers.reader import InputError, Unit, read_unit, text_column
+from workers.reader import InputError, Unit, read_unit, read_unit_parts, text_column
 from workers.writer import ShardWriter, embedding_array, put_atomic, write_table
 
 
@@ -36,6 +36,22 @@ def test_missing_column_lists_the_columns(tmp_path):
 
 def _vector(kind: pa.DataType, size: int) -> pa.DataType:
     return pa.list_(pa.field("item", kind, nullable=False), size)
+
+
+def test_parquet_unit_is_read_in_parts_of_part_rows(tmp_path, monkeypatch):
+    import workers.reader
+
+    table = pa.table({"id": np.arange(500), "text": [f"t{i}" for i in range(500)], "other": np.zeros(500)})
+    pq.write_table(table, tmp_path / "in.parquet", row_group_size=100)
+    monkeypatch.setattr(workers.reader, "PART_ROWS", 64)
+    unit = Unit("u", str(tmp_path / "in.parquet"), "parquet", 100, 300, row_groups=(1, 2, 3))
+    parts = list(read_unit_parts(unit, ["text", "id"]))
+    assert [p.num_rows for p in parts] == [64, 64, 64, 64, 44] and parts[0].schema.names == ["text", "id"]
+    assert pa.concat_tables(parts).equals(table.select(["text", "id"]).slice(100, 300))
+    empty = tmp_path / "empty.parquet"
+    pq.write_table(table.slice(0, 0), empty)
+    (part,) = read_unit_parts(Unit("e", str(empty), "parquet", 0, 0, row_groups=(0,)), ["text"])
+    assert part.num_rows == 0 and part.schema.names == ["text"]
 
 
 def test_embedding_dtypes():
