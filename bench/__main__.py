@@ -65,6 +65,18 @@ def pooling_of(shape: str) -> str:
     return "last" if SHAPES[shape][5] == "qwen3" else "mean"
 
 
+def corpus_job(tokenizer_dir: Path, docs: int, shape: str, unit_rows: int, prefix: str):
+    """A fresh temp folder with the corpus and a random-init model of `shape`, and the
+    job over them that the in-actor benchmarks (`bench.groups`, `bench.timeline`) run."""
+    from jobs.spec import JobSpec
+
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    write_corpus(make_corpus(tokenizer_dir, docs), root / "corpus.parquet")
+    model_dir = build_model(shape, tokenizer_dir, root)
+    return JobSpec(input=str(root / "corpus.parquet"), output=str(root / "out"), model=str(model_dir), id_column="id",
+                   pooling=pooling_of(shape), normalize=True, unit_rows=unit_rows, progress=None)
+
+
 def build_model(shape: str, tokenizer_dir: Path, root: Path) -> Path:
     from transformers import BertConfig, BertModel, Qwen3Config, Qwen3Model
 

@@ -26,7 +26,6 @@ import contextlib
 import dataclasses
 import os
 import sys
-import tempfile
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -34,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.__main__ import build_model, make_corpus, pooling_of, write_corpus
+from bench.__main__ import corpus_job
 
 
 def _traced_encode(key: str, spec_ref: list, rows, segments):
@@ -170,13 +169,8 @@ def main() -> None:
 
     from jobs.driver import IN_FLIGHT, init_ray
     from jobs.plan import list_inputs, plan_units
-    from jobs.spec import JobSpec
 
-    root = Path(tempfile.mkdtemp(prefix="pooljobs-groups-"))
-    write_corpus(make_corpus(args.tokenizer, args.docs), root / "corpus.parquet")
-    model_dir = build_model(args.shape, args.tokenizer, root)
-    spec = JobSpec(input=str(root / "corpus.parquet"), output=str(root / "out"), model=str(model_dir), id_column="id",
-                   pooling=pooling_of(args.shape), normalize=True, unit_rows=args.unit_rows, progress=None)
+    spec = corpus_job(args.tokenizer, args.docs, args.shape, args.unit_rows, "pooljobs-groups-")
     units = plan_units(spec, list_inputs(spec))
     init_ray(None)
     if args.in_process:

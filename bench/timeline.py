@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import tempfile
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -24,7 +23,7 @@ from torch._C._profiler import _ExperimentalConfig
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-from bench.__main__ import SHAPES, build_model, make_corpus, pooling_of, write_corpus
+from bench.__main__ import SHAPES, corpus_job
 
 
 def merged(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -66,20 +65,18 @@ def main() -> None:
     parser.add_argument("--reserve-cpus", type=int, default=0,
                         help="hold this many of Ray's CPUs back from the tokenizing tasks (for this process's threads)")
     args = parser.parse_args()
+    import torch
+
+    if not torch.cuda.is_available():
+        parser.error("needs a CUDA device: it splits the device's idle time by what the host was doing")
 
     import ray
 
     from jobs.driver import IN_FLIGHT, init_ray
     from jobs.plan import list_inputs, plan_units
-    from jobs.spec import JobSpec
     from workers.unit import UnitRunner
 
-    root = Path(tempfile.mkdtemp(prefix="pooljobs-timeline-"))
-    texts = make_corpus(args.tokenizer, args.docs)
-    write_corpus(texts, root / "corpus.parquet")
-    model_dir = build_model(args.shape, args.tokenizer, root)
-    spec = JobSpec(input=str(root / "corpus.parquet"), output=str(root / "out"), model=str(model_dir), id_column="id",
-                   pooling=pooling_of(args.shape), normalize=True, unit_rows=args.unit_rows, progress=None)
+    spec = corpus_job(args.tokenizer, args.docs, args.shape, args.unit_rows, "pooljobs-timeline-")
     units = plan_units(spec, list_inputs(spec))
     init_ray(None)
     if args.reserve_cpus:
