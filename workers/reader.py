@@ -64,12 +64,12 @@ def read_unit_parts(unit: Unit, columns: list[str], storage_options: dict | None
                 if not unit.row_groups:  # planned without metadata (unreadable footer): read it all
                     yield pf.read(columns=columns)
                     return
-                parts = 0
-                for batch in pf.iter_batches(PART_ROWS, row_groups=list(unit.row_groups), columns=columns):
-                    parts += 1
+                groups = list(unit.row_groups)
+                if not sum(pf.metadata.row_group(g).num_rows for g in groups):  # no rows: still the columns
+                    yield pf.read_row_groups(groups, columns=columns)
+                    return
+                for batch in pf.iter_batches(PART_ROWS, row_groups=groups, columns=columns):
                     yield pa.Table.from_batches([batch])
-                if not parts:  # no rows: still the columns
-                    yield pf.read_row_groups(list(unit.row_groups), columns=columns)
             return
         dataset = ds.dataset(path, format=DATASET_FORMAT[unit.format], filesystem=fs)
         _check_columns(dataset.schema, columns, unit.uri)

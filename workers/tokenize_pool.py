@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import time
 from collections import OrderedDict
+from typing import Any
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
@@ -29,7 +30,7 @@ import pyarrow as pa
 from workers.tokenize import BatchTokenizer, EncodedWindow, TokenizerSpec, encode_window
 
 Pending = Future  # of an EncodedWindow
-Segment = tuple  # (a part: its table, or the object store's reference to it; (k,) int64 rows within it)
+Segment = tuple[Any, np.ndarray]  # (a part: its table, or the object store's reference to it; (k,) int64 rows within it)
 
 
 def part_table(texts: list[str | None], pairs: list[str | None] | None) -> pa.Table:

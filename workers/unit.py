@@ -345,38 +345,10 @@ class UnitRunner:
             feed = self._feeds.submit(self._feed, unit, queue, clock)  # tokenizing runs ahead of the device
             turn, done = self._last_turn, threading.Event()
             self._last_turn = done
-        windows = _Stream(queue)
-        parts: list[Future] = []
-        rejected: dict[int, str] = {}
-        tokens = padded = truncated = 0
         shard = ShardWriter(storage.join(self._out(), f"{unit.name}.parquet"), spec.storage_options)
+        parts: list[Future] = []
         try:
-            # One unit launches at a time, in turn; the next may start once this one's last pack
-            # is queued, so its packs follow on the device without a gap.
-            try:
-                turn.wait()
-                targets = group_targets()
-                while (first := windows.pop()) is not None:
-                    w = time.perf_counter()
-                    target = next(targets)
-                    with record_function("pooljobs.wait_tokens"):
-                        group = [first.result()]
-                        # Windows join a launch group until it holds `target` tokens. Decided by
-                        # token counts, never by which windows are ready, so a rerun packs the
-                        # same rows and writes the same bytes.
-                        while sum(g.tokens for g in group) < target and windows.peek() is not None:
-                            group.append(windows.pop().result())
-                    clock["wait_tokens"] += time.perf_counter() - w
-                    with record_function("pooljobs.launch"):
-                        window = EncodedWindow.concat(group)
-                        part, group_padded = self._launch(window, shard, feed)
-                    clock["tokenize"] += window.seconds
-                    rejected.update(window.rejected)
-                    tokens, truncated = tokens + window.tokens, truncated + int(window.encoded.truncated.sum())
-                    parts.append(part)
-                    padded += group_padded
-            finally:
-                done.set()
+            rejected, tokens, padded, truncated = self._launch_groups(turn, done, _Stream(queue), shard, feed, parts, clock)
             source = feed.result()  # raises the read's error, if any
             for part in parts:
                 device_s, write_s = part.result()
@@ -401,6 +373,40 @@ class UnitRunner:
         duplicates = len(key_values) - len(pc.unique(key_values)) if spec.id_column else 0
         return UnitResult(unit.name, shard.rows, len(bad), tokens, padded, truncated, duplicates, checksum, nbytes,
                           shard.schema.remove_metadata().to_string(), self.worker, clock, time.perf_counter() - t0)
+
+    def _launch_groups(self, turn: threading.Event, done: threading.Event, windows: _Stream, shard: ShardWriter,
+                       source: Future, parts: list[Future], clock: dict[str, float]) -> tuple[dict[int, str], int, int, int]:
+        """Launch a unit's windows in launch groups once it is this unit's `turn`, adding
+        each group's writer future to `parts`; (rejected rows, tokens, padded tokens,
+        truncated texts). One unit launches at a time, in turn; the next may start once
+        this one's last pack is queued (`done`), so its packs follow on the device without a gap."""
+        rejected: dict[int, str] = {}
+        tokens = padded = truncated = 0
+        try:
+            turn.wait()
+            targets = group_targets()
+            while (first := windows.pop()) is not None:
+                w = time.perf_counter()
+                target = next(targets)
+                with record_function("pooljobs.wait_tokens"):
+                    group = [first.result()]
+                    # Windows join a launch group until it holds `target` tokens. Decided by
+                    # token counts, never by which windows are ready, so a rerun packs the
+                    # same rows and writes the same bytes.
+                    while sum(g.tokens for g in group) < target and windows.peek() is not None:
+                        group.append(windows.pop().result())
+                clock["wait_tokens"] += time.perf_counter() - w
+                with record_function("pooljobs.launch"):
+                    window = EncodedWindow.concat(group)
+                    part, group_padded = self._launch(window, shard, source)
+                clock["tokenize"] += window.seconds
+                rejected.update(window.rejected)
+                tokens, truncated = tokens + window.tokens, truncated + int(window.encoded.truncated.sum())
+                parts.append(part)
+                padded += group_padded
+        finally:
+            done.set()
+        return rejected, tokens, padded, truncated
 
     def _launch(self, window: EncodedWindow, shard: ShardWriter, source: Future) -> tuple[Future, int]:
         """Queue a launch group's packs on the device and its rows for the writer thread;

@@ -16,7 +16,6 @@ import uuid
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from workers import storage
@@ -76,7 +75,7 @@ class _HashingFile:
 
     closed = False
 
-    def __init__(self, out: pa.NativeFile) -> None:
+    def __init__(self, out: AtomicFile) -> None:
         self.out, self.sha256, self.size = out, hashlib.sha256(), 0
 
     def write(self, data) -> int:
@@ -109,9 +108,7 @@ class ShardWriter:
 
     def __init__(self, uri: str, storage_options: dict | None = None, row_group_bytes: int = ROW_GROUP_BYTES) -> None:
         self.uri, self.storage_options, self.row_group_bytes = uri, storage_options, row_group_bytes
-        self._fs, self._path = storage.resolve(uri, storage_options)
-        self._tmp: str | None = None  # the local temp file, while there is one
-        self._out: pa.NativeFile | None = None
+        self._atomic: AtomicFile | None = None  # opened with the first row group
         self._file: _HashingFile | None = None
         self._writer: pq.ParquetWriter | None = None
         self._schema: pa.Schema | None = None
@@ -149,14 +146,8 @@ class ShardWriter:
             raise OSError(f"cannot write {self.uri}: {e}") from e
 
     def _open(self) -> None:
-        if storage.is_local(self._fs):
-            parent, name = self._path.rsplit("/", 1)
-            self._fs.create_dir(parent, recursive=True)
-            self._tmp = f"{parent}/.{name}.{uuid.uuid4().hex}.tmp"  # hidden: datasets skip it
-            self._out = self._fs.open_output_stream(self._tmp)
-        else:
-            self._out = pa.BufferOutputStream()
-        self._file = _HashingFile(self._out)
+        self._atomic = AtomicFile(self.uri, self.storage_options)
+        self._file = _HashingFile(self._atomic)
 
     def commit(self) -> tuple[int, str]:
         """Finish the file and store it atomically; (bytes, sha256).
@@ -167,23 +158,53 @@ class ShardWriter:
         self._flush()
         try:
             self._writer.close()
-            if self._tmp is not None:
-                self._out.close()
-                self._fs.move(self._tmp, self._path)
-                self._tmp = None
+            self._atomic.commit()
         except (OSError, pa.ArrowException) as e:
             self.abort()
             raise OSError(f"cannot write {self.uri}: {e}") from e
-        if isinstance(self._out, pa.BufferOutputStream):  # an object store: one put
-            put_atomic(self.uri, self._out.getvalue(), self.storage_options)
         return self._file.size, self._file.sha256.hexdigest()
 
     def abort(self) -> None:
-        """Drop the shard: close what is open and delete the temp file, if any."""
-        for close in (self._writer and self._writer.close, self._out and self._out.close):
-            if close:
-                with contextlib.suppress(Exception):
-                    close()
+        """Drop the shard: close the writer and the file, leaving nothing behind."""
+        if self._writer is not None:
+            with contextlib.suppress(Exception):
+                self._writer.close()
+        if self._atomic is not None:
+            self._atomic.abort()
+
+
+class AtomicFile:
+    """A file that appears whole on `commit` or not at all (`abort`): on local disks a
+    hidden temp file beside it, renamed on commit; on object stores memory, stored as
+    one object put on commit. Errors are the filesystem's; callers name the file."""
+
+    def __init__(self, uri: str, storage_options: dict | None = None) -> None:
+        self._fs, self._path = storage.resolve(uri, storage_options)
+        self._tmp: str | None = None
+        if storage.is_local(self._fs):
+            parent, name = self._path.rsplit("/", 1)
+            self._fs.create_dir(parent, recursive=True)
+            self._tmp = f"{parent}/.{name}.{uuid.uuid4().hex}.tmp"  # hidden: datasets skip it
+            self._out = self._fs.open_output_stream(self._tmp)
+        else:
+            self._out = pa.BufferOutputStream()
+
+    def write(self, data) -> None:
+        self._out.write(data)
+
+    def commit(self) -> None:
+        if self._tmp is None:
+            data = self._out.getvalue()
+            with self._fs.open_output_stream(self._path) as out:  # one object put (multipart commits on close)
+                out.write(data)
+            return
+        self._out.close()
+        self._fs.move(self._tmp, self._path)
+        self._tmp = None
+
+    def abort(self) -> None:
+        with contextlib.suppress(Exception):
+            self._out.close()
         if self._tmp is not None:
             with contextlib.suppress(OSError):
                 self._fs.delete_file(self._tmp)
@@ -192,23 +213,14 @@ class ShardWriter:
 
 def put_atomic(uri: str, data: pa.Buffer, storage_options: dict | None = None) -> None:
     """Store `data` at `uri` so no reader ever sees a partial file."""
-    fs, path = storage.resolve(uri, storage_options)
+    atomic = None
     try:
-        if storage.is_local(fs):
-            parent, name = path.rsplit("/", 1)
-            fs.create_dir(parent, recursive=True)
-            tmp = f"{parent}/.{name}.{uuid.uuid4().hex}.tmp"
-            try:
-                with fs.open_output_stream(tmp) as out:
-                    out.write(data)
-                fs.move(tmp, path)
-            finally:
-                if fs.get_file_info(tmp).type != pafs.FileType.NotFound:
-                    fs.delete_file(tmp)
-        else:
-            with fs.open_output_stream(path) as out:  # one object put (multipart commits on close)
-                out.write(data)
+        atomic = AtomicFile(uri, storage_options)
+        atomic.write(data)
+        atomic.commit()
     except OSError as e:
+        if atomic is not None:
+            atomic.abort()
         raise OSError(f"cannot write {uri}: {e}") from e
 
 
