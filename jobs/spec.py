@@ -59,6 +59,8 @@ class JobSpec:
     execution: str = _f("auto", "packed (varlen attention) or padded (plain transformers reference)", EXECUTIONS)
     state: str | None = _f(None, "force a ModelState kind instead of routing from the config")
     compile: str = _f("auto", "torch.compile the model's layer blocks: auto is on for packed CUDA runs", COMPILE_CHOICES)
+    exact_gelu: bool = _f(False, "compiled bf16/fp16 blocks: keep GELU exact instead of fusing bias + GELU (tanh "
+                          "form, at most 4.7e-4 apart) into the matmul")
     trust_remote_code: bool = _f(False, "allow the model directory's own Python code to run")
     allow_pickle: bool = _f(False, "allow pickle (.bin) weights, which can run code when loaded")
     on_error: str = _f("quarantine", "bad rows: quarantine them under OUT/_errors or fail the unit", ON_ERROR)
@@ -121,5 +123,5 @@ class JobSpec:
         """The options that change output values or layout; a resume must match them."""
         skip = {"input", "output", "num_workers", "max_retries", "overwrite", "backend", "address",
                 "storage_options", "progress", "max_tokens", "window_rows", "device", "on_error",
-                "compile"}
+                "compile", "exact_gelu"}
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skip}

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from states import init_model_state
-from states.compiling import compile_blocks
+from states.compiling import GeluEpilogue, compile_blocks
 from states.interface import Execution, ModelState, Pack
 from states.loading import (
     DTYPES, SentenceSettings, Task, check_model_dir, fingerprint, load_model, load_tokenizer, read_sentence_settings,
@@ -38,6 +38,7 @@ class ModelOptions:
     trust_remote_code: bool = False
     allow_pickle: bool = False
     compile: str = "auto"  # auto: on for packed execution on CUDA; on; off
+    exact_gelu: bool = False  # compiled bf16/fp16 blocks: keep GELU exact, not in the matmul's epilogue
 
 
 COMPILE_CHOICES = ("auto", "on", "off")
@@ -110,14 +111,18 @@ class Runtime:
         self.normalize = self.settings.normalize if options.normalize is None else options.normalize
         self.prompt = self._prompt(options.prompt_name)
         self.labels = self._labels()
+        # fp32 runs are references: their GELU stays exact.
+        wants_epilogue = not options.exact_gelu and self.dtype in (torch.float16, torch.bfloat16)
+        self._gelu = GeluEpilogue() if wants_epilogue else None
         self.compiled = self._compile(options.compile)
-        self.output_shapes = self.warm_up()
+        self.output_shapes = self.warm_up()  # compiles, so the pass has seen the blocks
+        self.gelu_epilogue = self.compiled and self._gelu is not None and self._gelu.fused > 0
 
     def _compile(self, choice: str) -> bool:
         if choice not in COMPILE_CHOICES:
             raise ValueError(f"compile={choice!r}; choose one of {COMPILE_CHOICES}")
         wanted = choice == "on" or (choice == "auto" and self.device.type == "cuda" and self.state.packed)
-        return wanted and compile_blocks(self.state.model) > 0
+        return wanted and compile_blocks(self.state.model, gelu=self._gelu) > 0
 
     def warm_up(self) -> dict[str, tuple[int, ...]]:
         """One small forward at load time: CUDA kernels load and compiled blocks compile
@@ -151,6 +156,7 @@ class Runtime:
             "execution": self.state.execution, "pooling": self.pooling, "normalize": str(self.normalize),
             "dim": str(self.options.dim), "dtype": str(self.dtype).removeprefix("torch."),
             "max_length": str(self.max_length), "prompt": self.prompt, "compiled": str(self.compiled),
+            "gelu_epilogue": str(self.gelu_epilogue),
         }
 
     @torch.inference_mode()

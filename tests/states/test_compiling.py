@@ -29,14 +29,15 @@ def test_nested_lists_and_mixed_lists_are_not_blocks():
 
 
 def test_every_block_of_a_deep_stack_runs_compiled():
-    """All blocks share one compiled graph (Inductor on CPU here). Blocks compiled with
-    unequal options each took a cache entry of the shared `forward`; past Dynamo's
-    limit (8) the rest silently ran eager: 4 of bert-base's 12 layers on the H200."""
+    """All blocks share one compiled graph (Inductor on CPU here), with the FFN's linear +
+    GELU as one `linear_gelu` call (exact GELU on CPU, so outputs stay equal). Blocks
+    compiled with unequal options each took a cache entry of the shared `forward`; past
+    Dynamo's limit (8) the rest silently ran eager: 4 of bert-base's 12 layers on the H200."""
     import torch
     from torch.profiler import ProfilerActivity, profile
     from transformers import BertConfig, BertModel
 
-    from states.compiling import compile_blocks
+    from states.compiling import GeluEpilogue, compile_blocks
 
     torch._dynamo.reset()
     model = BertModel(BertConfig(hidden_size=32, num_hidden_layers=10, num_attention_heads=2, intermediate_size=64),
@@ -44,11 +45,14 @@ def test_every_block_of_a_deep_stack_runs_compiled():
     x = torch.randint(0, 100, (1, 9))
     with torch.inference_mode():
         reference = model(x)[0]
-        assert compile_blocks(model, {"max_autotune": False}) == 10  # options, as the benchmarks pass
+        gelu = GeluEpilogue()
+        assert compile_blocks(model, {"max_autotune": False}, gelu) == 10  # options, as the benchmarks pass
         with torch._dynamo.config.patch(error_on_recompile=True):  # a block past the first may not compile anew
             out = model(x)[0]
             with profile(activities=[ProfilerActivity.CPU]) as prof:
                 model(torch.randint(0, 100, (1, 13)))  # another length: the same dynamic graph
     torch.testing.assert_close(out, reference, rtol=1e-4, atol=1e-5)
     # Every block ran compiled: one compiled-region call per layer.
-    assert sum(e.count for e in prof.key_averages() if e.key.startswith("Torch-Compiled Region")) == 10
+    counts = {e.key: e.count for e in prof.key_averages()}
+    assert sum(n for key, n in counts.items() if key.startswith("Torch-Compiled Region")) == 10
+    assert gelu.fused == 1 and counts.get("pooljobs::linear_gelu") == 10  # one graph, run by each block
