@@ -6,7 +6,8 @@ Runs the corpus's units through a `UnitRunner` the way the GPU actor does (token
 Ray tasks, two units in flight) under `torch.profiler`, then prints the device's busy
 time (the union of its kernels and copies) and splits its idle time by what the worker
 was doing meanwhile: the `pooljobs.*` ranges of `workers.unit` open at that moment (on
-any thread). Then where the busy time goes: the kernels that took the most of it. Writes a Chrome trace (chrome://tracing, Perfetto) with `--trace`.
+any thread). Then where the busy time goes: the kernels that took the most of it. Writes
+a Chrome trace (chrome://tracing, Perfetto) with `--trace`.
 """
 
 from __future__ import annotations
@@ -113,13 +114,13 @@ def main() -> None:
     print("|---|---|")
     for name, us in idle_by_range(busy, ranges, start, end).most_common(12):
         print(f"| {name or '(no pooljobs range)'} | {us / 1e3:.0f} |")
-    kernels: Counter = Counter()
+    kernels, calls = Counter(), Counter()
     for e in events:
         if e.device_type == DeviceType.CUDA and not e.name.startswith("pooljobs."):
             kernels[e.name[:80]] += e.time_range.end - e.time_range.start
+            calls[e.name[:80]] += 1
     print("| kernel (first 80 characters) | calls | ms | share of busy time |")
     print("|---|---|---|---|")
-    calls = Counter(e.name[:80] for e in events if e.device_type == DeviceType.CUDA)
     for name, us in kernels.most_common(15):
         print(f"| {name} | {calls[name]} | {us / 1e3:.0f} | {us / busy_us:.1%} |")
     for r in results:

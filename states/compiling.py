@@ -49,8 +49,6 @@ class GeluEpilogue(CustomGraphPass):
         for node in list(graph.nodes):
             if node.op != "call_function" or node.target is not F.gelu or len(node.args) != 1:
                 continue
-            if node.kwargs.get("approximate", "none") not in ("none", "tanh"):
-                continue
             linear = node.args[0]
             if not isinstance(linear, fx.Node) or linear.target is not F.linear or len(linear.users) != 1:
                 continue

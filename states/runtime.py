@@ -118,11 +118,17 @@ class Runtime:
         if choice not in COMPILE_CHOICES:
             raise ValueError(f"compile={choice!r}; choose one of {COMPILE_CHOICES}")
         wanted = choice == "on" or (choice == "auto" and self.device.type == "cuda" and self.state.packed)
-        # fp32 runs are references: their GELU stays exact.
-        epilogue = not self.options.exact_gelu and self.dtype in (torch.float16, torch.bfloat16)
-        compiled = wanted and compile_blocks(self.state.model, gelu=GeluEpilogue() if epilogue else None) > 0
-        self.gelu_epilogue = compiled and epilogue  # linear + GELU pairs run as `linear_gelu`
-        return compiled
+        return wanted and compile_blocks(self.state.model, gelu=GeluEpilogue() if self._epilogue_wanted else None) > 0
+
+    @property
+    def _epilogue_wanted(self) -> bool:
+        """fp32 runs are references: their GELU stays exact, as with `exact_gelu`."""
+        return not self.options.exact_gelu and self.dtype in (torch.float16, torch.bfloat16)
+
+    @property
+    def gelu_epilogue(self) -> bool:
+        """Whether linear + GELU pairs run as `linear_gelu` (the compiled blocks' pass)."""
+        return self.compiled and self._epilogue_wanted
 
     def warm_up(self) -> dict[str, tuple[int, ...]]:
         """One small forward at load time: CUDA kernels load and compiled blocks compile
