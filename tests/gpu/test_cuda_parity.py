@@ -101,3 +101,22 @@ def test_compiled_blocks_match_reference(tmp_path, arch):
     """What `compile=auto` runs on CUDA: the packed bf16 state with each layer block
     compiled (dynamic shapes: one compiled graph serves every pack above)."""
     _check_against_reference(tmp_path, arch, torch.bfloat16, BF16_MIN_COS, compiled=True)
+
+
+@pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (15, 0), (15, 15)], ids=["bidir", "causal", "sliding-causal", "sliding"])
+@pytest.mark.parametrize("lengths", [[1, 7, 128, 3, 300], [1, 1, 1]], ids=["mixed", "all-1"])
+def test_gqa_reads_kv_heads_in_place(window, lengths):
+    """Grouped-query attention with the kv heads as they are equals FlashAttention over
+    repeated kv heads (same kernel, same sums), for every window this module asks for; and
+    the all-length-1 pack, which FlashAttention reshapes to put query groups in the rows."""
+    from states.attention import _flash
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    t, d = sum(lengths), 64
+    q, k, v = (torch.randn(t, h, d, device="cuda", dtype=torch.bfloat16, generator=g) for h in (8, 2, 2))
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
+    got = _flash(q, k, v, cu, max(lengths), None, window)
+    want = torch.ops.aten._flash_attention_forward(
+        q, k.repeat_interleave(4, 1), v.repeat_interleave(4, 1), cu, cu, max(lengths), max(lengths), 0.0,
+        window == (-1, 0), False, window_size_left=window[0], window_size_right=window[1])[0]
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
