@@ -6,7 +6,9 @@ The GPU worker's tokenizing tasks are single-threaded processes (`workers.tokeni
 this measures the alternatives on the same corpus and windows: every split of the host's
 CPUs into P processes of T threads (`RAYON_NUM_THREADS`), each process tokenizing its
 share of the windows with pooljobs' `BatchTokenizer`, all released at once after
-building the tokenizer and a warm-up. Prints tokens/s for each split.
+building the tokenizer and a warm-up. Prints tokens/s for each split, with BERT's
+plain-text twin tokenizer (the default; `workers.tokenize`) and with the model's own
+normalizer for every text.
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ import time
 from pathlib import Path
 
 
-def _worker(threads: int, backend_json: str, windows: list[list[str]], barrier, results) -> None:
+def _worker(threads: int, backend_json: str, plain: bool, windows: list[list[str]], barrier, results) -> None:
     os.environ["RAYON_NUM_THREADS"] = str(threads)
     os.environ["TOKENIZERS_PARALLELISM"] = "true" if threads > 1 else "false"
     from workers.tokenize import BatchTokenizer
 
     tokenize = BatchTokenizer(backend_json, 512, False)
+    if not plain:
+        tokenize.plain_backend = None
     tokenize(windows[0][:64])  # warm-up: builds the Rayon pool and touches the vocabulary
     barrier.wait()
     start, tokens = time.monotonic(), 0
@@ -32,11 +36,11 @@ def _worker(threads: int, backend_json: str, windows: list[list[str]], barrier, 
     results.put((start, time.monotonic(), tokens))
 
 
-def measure(processes: int, threads: int, backend_json: str, windows: list[list[str]]) -> float:
+def measure(processes: int, threads: int, backend_json: str, plain: bool, windows: list[list[str]]) -> float:
     """Tokens per second of `processes` x `threads` over all `windows` (dealt round-robin)."""
     ctx = mp.get_context("spawn")  # a fresh Rayon pool per process, sized by its environment
     barrier, results = ctx.Barrier(processes), ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(threads, backend_json, windows[p::processes], barrier, results))
+    procs = [ctx.Process(target=_worker, args=(threads, backend_json, plain, windows[p::processes], barrier, results))
              for p in range(processes)]
     for proc in procs:
         proc.start()
@@ -59,12 +63,13 @@ def main() -> None:
     windows = [texts[i : i + args.window_rows] for i in range(0, len(texts), args.window_rows)]
     backend_json = (args.tokenizer / "tokenizer.json").read_text()
     print(f"# {args.docs:,} docs in windows of {args.window_rows} rows, {args.cpus} CPUs")
-    print("| processes | threads each | tokens/s | per CPU |")
-    print("|---|---|---|---|")
+    print("| processes | threads each | tokens/s | per CPU | model's normalizer: tokens/s | twin / model |")
+    print("|---|---|---|---|---|---|")
     splits = [(1, 1), (args.cpus, 1), (args.cpus - 1, 1), (args.cpus // 2, 2), (args.cpus // 4, 4), (1, args.cpus)]
     for processes, threads in dict.fromkeys(s for s in splits if s[0] >= 1):
-        rate = measure(processes, threads, backend_json, windows)
-        print(f"| {processes} | {threads} | {rate:,.0f} | {rate / (processes * threads):,.0f} |", flush=True)
+        rate, model = (measure(processes, threads, backend_json, plain, windows) for plain in (True, False))
+        print(f"| {processes} | {threads} | {rate:,.0f} | {rate / (processes * threads):,.0f} | {model:,.0f} | {rate / model:.2f}x |",
+              flush=True)
 
 
 if __name__ == "__main__":
