@@ -27,7 +27,7 @@ def _worker(threads: int, backend_json: str, plain: bool, windows: list[list[str
 
     tokenize = BatchTokenizer(backend_json, 512, False)
     if not plain:
-        tokenize.plain_backend = None
+        tokenize.plain = None
     tokenize(windows[0][:64])  # warm-up: builds the Rayon pool and touches the vocabulary
     barrier.wait()
     start, tokens = time.monotonic(), 0

@@ -1,4 +1,5 @@
-"""The plain-text twin of BERT tokenizers gives the model's own tokenizer's ids, row for row."""
+"""The plain-text twin of BERT tokenizers (`workers.plain_text`) gives the model's own
+tokenizer's ids, row for row."""
 
 from __future__ import annotations
 
@@ -36,6 +37,10 @@ def _random_ascii(rng: np.random.Generator, n: int) -> list[str]:
 # Texts BertNormalizer changes beyond lowercasing: each must go to the model's own tokenizer.
 NOT_PLAIN = ["Café crème", "naïve", "a\x00b", "tab\x0bvertical", "bell\x07", "del\x7fete", "中文 text", "ﬁne", "Ｆｕｌｌ",
              "zero\u200bwidth", "nbsp\u00a0space", "\ufffd"]
+# Plain, but holding an added token matched before normalizing, once lowercased: uncased
+# models send them to their own tokenizer too ("[MASK]" lowercased first would be words).
+GUARDED = ["say [MASK] here", "[cls] lowercased special"]
+SPECIALS = ("[pad]", "[unk]", "[cls]", "[sep]", "[mask]")  # MiniLM's added tokens, lowercased
 
 
 class _Counting:
@@ -51,7 +56,7 @@ class _Counting:
 
 def _reference(backend_json: str, max_length: int, chunk: bool = False) -> BatchTokenizer:
     tokenize = BatchTokenizer(backend_json, max_length, True, chunk=chunk, stride=8 if chunk else 0)
-    tokenize.plain_backend = None  # the model's own normalizer for every text
+    tokenize.plain = None  # the model's own normalizer for every text
     return tokenize
 
 
@@ -66,13 +71,14 @@ def _assert_same(got, want) -> None:
 def test_plain_twin_gives_the_models_ids(lowercase, chunk):
     backend_json = _minilm_json(lowercase=lowercase)
     texts = _random_ascii(np.random.default_rng(0), 400)
-    mixed = texts[:50] + NOT_PLAIN + texts[50:]  # rows of both kinds, in one batch
+    mixed = texts[:50] + NOT_PLAIN + GUARDED + texts[50:]  # rows of every kind, in one batch
     tokenize = BatchTokenizer(backend_json, 128, True, chunk=chunk, stride=8 if chunk else 0)
-    tokenize.plain_backend = plain = _Counting(tokenize.plain_backend)
+    tokenize.plain.backend = plain = _Counting(tokenize.plain.backend)
     tokenize.backend = own = _Counting(tokenize.backend)
     reference = _reference(backend_json, 128, chunk)
     _assert_same(tokenize(mixed), reference(mixed))
-    assert (plain.texts, own.texts) == (len(texts), len(NOT_PLAIN))
+    guarded = GUARDED + [t for t in texts if any(x in t.lower() for x in SPECIALS)] if lowercase else []
+    assert own.texts == len(NOT_PLAIN) + len(guarded) and plain.texts == len(mixed) - own.texts
     pairs = mixed[::-1]
     _assert_same(tokenize(mixed, pairs), reference(mixed, pairs))
 
@@ -80,17 +86,17 @@ def test_plain_twin_gives_the_models_ids(lowercase, chunk):
 def test_each_non_plain_text_goes_to_the_models_normalizer():
     """One at a time, so a misrouted text shows by name (most differ under the twin)."""
     tokenize, reference = BatchTokenizer(_minilm_json(), 512, False), _reference(_minilm_json(), 512)
-    tokenize.plain_backend = plain = _Counting(tokenize.plain_backend)
-    for text in NOT_PLAIN:
+    tokenize.plain.backend = plain = _Counting(tokenize.plain.backend)
+    for text in NOT_PLAIN + GUARDED:
         _assert_same(tokenize([text]), reference([text]))
     assert plain.texts == 0
 
 
 def test_twin_only_where_it_is_exact():
-    assert BatchTokenizer(_minilm_json(), 512, False).plain_backend is not None
+    assert BatchTokenizer(_minilm_json(), 512, False).plain is not None
     config = json.loads(_minilm_json())
     config["added_tokens"].append({**config["added_tokens"][0], "id": 30522, "content": "new line", "normalized": True})
-    assert BatchTokenizer(json.dumps(config), 512, False).plain_backend is None  # "new\nline" would match it
+    assert BatchTokenizer(json.dumps(config), 512, False).plain is None  # "new\nline" would match it
     config = json.loads(_minilm_json())
     config["normalizer"] = {"type": "Lowercase"}
-    assert BatchTokenizer(json.dumps(config), 512, False).plain_backend is None
+    assert BatchTokenizer(json.dumps(config), 512, False).plain is None
