@@ -12,10 +12,9 @@ tokenizer, as does a text holding an added token that is matched before normaliz
 
 from __future__ import annotations
 
-import json
 import re
 
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, normalizers
 
 _NOT_PLAIN = re.compile(r"[^\t\n\r\x20-\x7e]")  # what BertNormalizer does more than lowercase to
 
@@ -31,18 +30,17 @@ class PlainTwin:
         self.guarded = [t.lower() for t in unnormalized_added] if lower else []
 
     @classmethod
-    def of(cls, backend_json: str) -> PlainTwin | None:
-        """The twin of a tokenizer, or None: its normalizer is not `BertNormalizer`, or an
-        added token matched after normalizing holds whitespace (there BertNormalizer's
-        mapping of tabs and newlines to spaces counts)."""
-        config = json.loads(backend_json)
-        normalizer, added = config.get("normalizer") or {}, config.get("added_tokens") or []
-        if normalizer.get("type") != "BertNormalizer" or any(
-                t.get("normalized") and any(c.isspace() for c in t["content"]) for t in added):
+    def of(cls, model: Tokenizer) -> PlainTwin | None:
+        """The twin of a configured tokenizer (it keeps the truncation), or None: its
+        normalizer is not `BertNormalizer`, or an added token matched after normalizing
+        holds whitespace (there BertNormalizer's mapping of tabs and newlines to spaces counts)."""
+        added = model.get_added_tokens_decoder().values()
+        if not isinstance(model.normalizer, normalizers.BertNormalizer) or any(
+                t.normalized and any(c.isspace() for c in t.content) for t in added):
             return None
-        backend = Tokenizer.from_str(backend_json)
+        backend = Tokenizer.from_str(model.to_str())
         backend.normalizer = None
-        return cls(backend, normalizer.get("lowercase", True), [t["content"] for t in added if not t.get("normalized")])
+        return cls(backend, model.normalizer.lowercase, [t.content for t in added if not t.normalized])
 
     def form(self, item: Item) -> Item | None:
         """`item` as the twin takes it; None where only the model's normalizer is exact."""

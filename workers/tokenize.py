@@ -81,13 +81,12 @@ class BatchTokenizer:
     def __init__(self, backend_json: str, max_length: int, with_type_ids: bool, prompt: str = "",
                  chunk: bool = False, stride: int = 0) -> None:
         self.backend: Tokenizer = Tokenizer.from_str(backend_json)
-        self.plain = PlainTwin.of(backend_json)
-        for backend in (self.backend, *([self.plain.backend] if self.plain else [])):
-            backend.no_padding()
-            try:
-                backend.enable_truncation(max_length, stride=stride if chunk else 0)
-            except Exception as e:
-                raise ValueError(f"chunk_stride={stride} must be smaller than max_length={max_length} less special tokens") from e
+        self.backend.no_padding()
+        try:
+            self.backend.enable_truncation(max_length, stride=stride if chunk else 0)
+        except Exception as e:
+            raise ValueError(f"chunk_stride={stride} must be smaller than max_length={max_length} less special tokens") from e
+        self.plain = PlainTwin.of(self.backend)
         self.prompt, self.chunk, self.with_type_ids = prompt, chunk, with_type_ids
 
     def __call__(self, texts: list[str], pairs: list[str] | None = None) -> Encoded:

@@ -105,7 +105,7 @@ def test_compiled_blocks_match_reference(tmp_path, arch):
 
 @pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (15, 0), (15, 15)], ids=["bidir", "causal", "sliding-causal", "sliding"])
 @pytest.mark.parametrize("lengths", [[1, 7, 128, 3, 300], [1, 1, 1]], ids=["mixed", "all-1"])
-def test_gqa_reads_kv_heads_in_place(window, lengths):
+def test_gqa_in_place_equals_repeated_kv_heads(window, lengths):
     """Grouped-query attention with the kv heads as they are equals FlashAttention over
     repeated kv heads (same kernel, same sums), for every window this module asks for; and
     the all-length-1 pack, which FlashAttention reshapes to put query groups in the rows."""
