@@ -17,8 +17,7 @@ import yaml
 
 from jobs.manifest import OutputConflictError
 from jobs.spec import JobSpec, SpecError
-from states import UnclassifiedModelError
-from states.loading import ModelLoadError
+from states.errors import ModelLoadError, UnclassifiedModelError
 from workers.reader import InputError
 
 USER_ERRORS = (SpecError, InputError, ModelLoadError, OutputConflictError, UnclassifiedModelError)

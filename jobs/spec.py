@@ -10,10 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from states.interface import EXECUTIONS
-from states.loading import DTYPES, TASKS
-from states.pooling import POOLING_MODES
-from states.runtime import COMPILE_CHOICES, ModelOptions
+from states.options import COMPILE_CHOICES, DTYPE_NAMES, EXECUTIONS, POOLING_MODES, TASKS, ModelOptions
 
 INPUT_FORMATS = ("auto", "parquet", "ipc", "jsonl", "csv")
 OUTPUT_DTYPES = ("float32", "float16", "int8", "binary")
@@ -55,7 +52,7 @@ class JobSpec:
                               "or none: one output row per window with a `chunk` index", CHUNK_AGGREGATE)
     prompt_name: str | None = _f(None, "sentence-transformers prompt to prepend (default: the model's default)")
     device: str = _f("auto", "auto, cpu, cuda or cuda:N")
-    dtype: str = _f("auto", "compute dtype; auto is bfloat16 on CUDA, float32 on CPU", ("auto", *DTYPES))
+    dtype: str = _f("auto", "compute dtype; auto is bfloat16 on CUDA, float32 on CPU", ("auto", *DTYPE_NAMES))
     execution: str = _f("auto", "packed (varlen attention) or padded (plain transformers reference)", EXECUTIONS)
     state: str | None = _f(None, "force a ModelState kind instead of routing from the config")
     compile: str = _f("auto", "torch.compile the model's layer blocks: auto is on for packed CUDA runs", COMPILE_CHOICES)

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from abc import ABC
 from dataclasses import dataclass
-from typing import ClassVar, Literal, get_args
+from typing import ClassVar
 
 import torch
 from torch import nn
 
-Execution = Literal["auto", "packed", "padded"]
-EXECUTIONS: tuple[str, ...] = get_args(Execution)
+from states.options import EXECUTIONS, Execution
+
 
 
 @dataclass

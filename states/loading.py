@@ -11,13 +11,13 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, get_args
 
 import torch
 from torch import nn
 
-Task = Literal["embed", "classify", "score"]
-TASKS: tuple[str, ...] = get_args(Task)
+from states.errors import ModelLoadError
+from states.options import Task
+
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 _SAFE_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
@@ -26,10 +26,6 @@ _TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "tokenizer.model", "spiece.model",
     "sentencepiece.bpe.model",
 )
-
-
-class ModelLoadError(ValueError):
-    """The model directory cannot be used as asked; the message says why and what to do."""
 
 
 @dataclass(frozen=True)

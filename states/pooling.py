@@ -7,13 +7,11 @@ and their semantics follow sentence-transformers' `Pooling` module.
 
 from __future__ import annotations
 
-from typing import Literal, get_args
-
 import torch
 import torch.nn.functional as F
 
-PoolingMode = Literal["cls", "mean", "max", "last", "mean_sqrt_len", "weighted_mean"]
-POOLING_MODES: tuple[str, ...] = get_args(PoolingMode)
+from states.options import POOLING_MODES, PoolingMode
+
 
 
 def check_mode(mode: str) -> str:

@@ -6,42 +6,17 @@ a Ray actor); `Runtime.compute(pack)` turns a pack into the task's output tensor
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from states import init_model_state
 from states.compiling import GeluEpilogue, compile_blocks
-from states.interface import Execution, ModelState, Pack
+from states.interface import ModelState, Pack
 from states.loading import (
     DTYPES, SentenceSettings, Task, check_model_dir, fingerprint, load_model, load_tokenizer, read_sentence_settings,
 )
+from states.options import COMPILE_CHOICES, Execution, ModelOptions
 from states.packed import position_offset
 from states.pooling import check_mode, finish, pool
-
-
-@dataclass(frozen=True)
-class ModelOptions:
-    """How to load and run the model. `None` / "auto" fields resolve from the model."""
-
-    model: str
-    task: Task = "embed"
-    pooling: str = "auto"
-    normalize: bool | None = None
-    dim: int | None = None
-    max_length: int | None = None
-    prompt_name: str | None = None
-    device: str = "auto"
-    dtype: str = "auto"
-    execution: Execution = "auto"
-    state: str | None = None
-    trust_remote_code: bool = False
-    allow_pickle: bool = False
-    compile: str = "auto"  # auto: on for packed execution on CUDA; on; off
-    exact_gelu: bool = False  # compiled bf16/fp16 blocks: keep GELU exact, not in the matmul's epilogue
-
-
-COMPILE_CHOICES = ("auto", "on", "off")
+from states.routing import init_model_state
 
 
 def resolve_device(device: str) -> torch.device:

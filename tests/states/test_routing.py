@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-import states
+from states import routing
 from states import (
     STATES, DecoderState, EncoderOnlyState, ModelState, UnclassifiedModelError, init_model_state, register_state,
     resolve_state,
@@ -152,10 +152,10 @@ def test_mixed_declarations_raise():
 # -- model-supplied states, registry and override ----------------------------------
 @pytest.fixture
 def registry():
-    saved = dict(states._REGISTRY)
-    yield states._REGISTRY
-    states._REGISTRY.clear()
-    states._REGISTRY.update(saved)
+    saved = dict(routing._REGISTRY)
+    yield routing._REGISTRY
+    routing._REGISTRY.clear()
+    routing._REGISTRY.update(saved)
 
 
 def test_hook_on_any_module_beats_encoder_decoder():
