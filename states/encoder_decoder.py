@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from states.interface import Execution, ModelState, Pack, find_pretrained, from_padded, to_padded
+from states.interface import Execution, ModelState, Pack, unpad_output, find_pretrained, to_padded
 
 
 class EncoderDecoderState(ModelState):
@@ -18,8 +18,8 @@ class EncoderDecoderState(ModelState):
         super().__init__(model, execution)
         self.encoder = find_pretrained(model).get_encoder()  # through PEFT / user wrappers
 
-    def hidden_states(self, pack: Pack) -> torch.Tensor:
+    def hidden_states(self, pack: Pack, all_layers: bool = False) -> torch.Tensor:
         padded = to_padded(pack, self.pad_id)
         padded.pop("token_type_ids", None)
-        out = self.encoder(**padded)
-        return from_padded(out[0], padded["attention_mask"])
+        out = self.encoder(**padded, output_hidden_states=all_layers)
+        return unpad_output(out, padded["attention_mask"], all_layers)

@@ -74,6 +74,13 @@ def from_padded(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Ten
     return hidden[attention_mask.bool()]
 
 
+def unpad_output(out, attention_mask: torch.Tensor, all_layers: bool) -> torch.Tensor:
+    """A padded forward's output -> (T, H) last hidden states, or (L+1, T, H) every layer's."""
+    if not all_layers:
+        return from_padded(out[0], attention_mask)
+    return torch.stack([from_padded(h, attention_mask) for h in out.hidden_states])
+
+
 def find_config(model: nn.Module):
     """The transformers config of a model, through any wrapper (PEFT, torch.compile, user modules)."""
     for module in model.modules():
@@ -123,11 +130,12 @@ class ModelState(ABC):
     def execution(self) -> str:
         return "packed" if self.packed else "padded"
 
-    def hidden_states(self, pack: Pack) -> torch.Tensor:
-        """Last hidden states of every token, (T, H), in pack order."""
+    def hidden_states(self, pack: Pack, all_layers: bool = False) -> torch.Tensor:
+        """Last hidden states of every token, (T, H), in pack order; with `all_layers`, the
+        embeddings' and every layer's, (L+1, T, H)."""
         padded = to_padded(pack, self.pad_id)
-        out = self.model(**padded)
-        return from_padded(out[0], padded["attention_mask"])
+        out = self.model(**padded, output_hidden_states=all_layers)
+        return unpad_output(out, padded["attention_mask"], all_layers)
 
     def logits(self, pack: Pack) -> torch.Tensor:
         """Sequence-classification logits, (B, C). Heads read fixed positions of a padded

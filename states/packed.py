@@ -38,9 +38,9 @@ class PackedState(ModelState):
         if self.packed:
             pretrained.set_attn_implementation(attention.ATTN_NAME)
 
-    def hidden_states(self, pack: Pack) -> torch.Tensor:
+    def hidden_states(self, pack: Pack, all_layers: bool = False) -> torch.Tensor:
         if not self.packed:
-            return super().hidden_states(pack)
+            return super().hidden_states(pack, all_layers)
         extra = {} if pack.token_type_ids is None else {"token_type_ids": pack.token_type_ids[None]}
         out = self.model(
             input_ids=pack.input_ids[None],  # (1, T)
@@ -49,6 +49,9 @@ class PackedState(ModelState):
             cu_seq_lens_k=pack.cu_seqlens,
             max_length_q=pack.max_len,
             max_length_k=pack.max_len,
+            output_hidden_states=all_layers,
             **extra,
         )
+        if all_layers:
+            return torch.stack([h[0] for h in out.hidden_states])  # (L+1, T, H)
         return out[0][0]  # (T, H)

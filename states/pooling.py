@@ -1,8 +1,10 @@
 """Pooling over packed hidden states, and the embedding post-processing after it.
 
 Every execution path ends in the packed layout `(T, H)` + `cu_seqlens`, so there is one
-implementation per mode (padded paths convert with `interface.from_padded` first). Modes
-and their semantics follow sentence-transformers' `Pooling` module.
+implementation per mode (padded paths convert with `interface.from_padded` first). Modes,
+their names and semantics follow sentence-transformers' `Pooling` module, including
+several modes concatenated in order and `include_prompt=False` (the first
+`prompt_length` tokens of each sequence left out, positions kept for weightedmean).
 """
 
 from __future__ import annotations
@@ -10,42 +12,50 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from states.options import POOLING_MODES, PoolingMode
-
+from states.options import canonical_pooling
 
 
 def check_mode(mode: str) -> str:
-    if mode not in POOLING_MODES:
-        raise ValueError(f"pooling={mode!r} is not a pooling mode; choose one of {POOLING_MODES} or 'auto'")
-    return mode
+    """sentence-transformers' name of `mode` (aliases accepted); ValueError otherwise."""
+    return canonical_pooling(mode)
 
 
-def pool(hidden: torch.Tensor, cu_seqlens: torch.Tensor, mode: PoolingMode) -> torch.Tensor:
-    """hidden (T, H), cu_seqlens (B+1,) -> pooled (B, H) in float32."""
+def _pool_one(hidden: torch.Tensor, cu_seqlens: torch.Tensor, mode: str, skip: int) -> torch.Tensor:
     starts, ends = cu_seqlens[:-1].long(), cu_seqlens[1:].long()  # (B,)
-    if mode == "cls":
-        return hidden[starts].float()
-    if mode == "last":
+    if mode == "cls":  # with the prompt left out: the first token after it (none after: the first)
+        first = starts + torch.where(ends - starts > skip, skip, 0) if skip else starts
+        return hidden[first].float()
+    if mode == "lasttoken":
         return hidden[ends - 1].float()
     lengths = ends - starts  # (B,)
     seg = torch.repeat_interleave(  # output_size avoids a device->host sync
         torch.arange(lengths.numel(), device=hidden.device), lengths, output_size=hidden.shape[0]
     )  # (T,)
+    positions = torch.arange(hidden.shape[0], device=hidden.device) - starts[seg]  # (T,)
     h = hidden.float()
+    keep = (positions >= skip).float()[:, None] if skip else None  # (T, 1)
     if mode == "max":
+        if keep is not None:
+            h = h.masked_fill(keep == 0, float("-inf"))
         out = torch.full((lengths.numel(), h.shape[1]), float("-inf"), device=h.device)
         return out.scatter_reduce_(0, seg[:, None].expand_as(h), h, reduce="amax")
-    if mode == "weighted_mean":  # weights 1..L by position, as sentence-transformers
-        weights = (torch.arange(h.shape[0], device=h.device) - starts[seg] + 1).float()  # (T,)
-        summed = torch.zeros(lengths.numel(), h.shape[1], device=h.device).index_add_(0, seg, h * weights[:, None])
-        total = torch.zeros(lengths.numel(), device=h.device).index_add_(0, seg, weights)
-        return summed / total[:, None]
-    summed = torch.zeros(lengths.numel(), h.shape[1], device=h.device).index_add_(0, seg, h)  # (B, H)
-    if mode == "mean":
-        return summed / lengths[:, None].float()
-    if mode == "mean_sqrt_len":
-        return summed / lengths[:, None].float().sqrt()
-    raise ValueError(f"pooling={mode!r}; choose one of {POOLING_MODES}")
+    weights = (positions + 1).float()[:, None] if mode == "weightedmean" else torch.ones_like(h[:, :1])  # (T, 1)
+    if keep is not None:
+        weights = weights * keep
+    summed = torch.zeros(lengths.numel(), h.shape[1], device=h.device).index_add_(0, seg, h * weights)  # (B, H)
+    total = torch.zeros(lengths.numel(), 1, device=h.device).index_add_(0, seg, weights).clamp_min(1e-9)  # (B, 1)
+    if mode in ("mean", "weightedmean"):
+        return summed / total
+    if mode == "mean_sqrt_len_tokens":
+        return summed / total.sqrt()
+    raise ValueError(f"pooling={mode!r}; choose one of sentence-transformers' modes")
+
+
+def pool(hidden: torch.Tensor, cu_seqlens: torch.Tensor, mode: str | tuple[str, ...], skip: int = 0) -> torch.Tensor:
+    """hidden (T, H), cu_seqlens (B+1,) -> pooled (B, H * modes) in float32; `skip`: prompt
+    tokens at the start of each sequence that do not count (include_prompt=False)."""
+    modes = (mode,) if isinstance(mode, str) else mode
+    return torch.cat([_pool_one(hidden, cu_seqlens, canonical_pooling(m), skip) for m in modes], dim=1)
 
 
 def finish(pooled: torch.Tensor, normalize: bool, dim: int | None) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""A loaded model ready for packs: tokenizer, routed state, and resolved task settings.
+"""A loaded model ready for packs: tokenizer, routed state, the sentence-transformers
+pipeline around it, and resolved task settings.
 
 `load_runtime(options)` is the one place a model is loaded (in a test, in-process, or in
 a Ray actor); `Runtime.compute(pack)` turns a pack into the task's output tensors.
@@ -6,16 +7,21 @@ a Ray actor); `Runtime.compute(pack)` turns a pack into the task's output tensor
 
 from __future__ import annotations
 
-import torch
+import json
 
+import numpy as np
+import torch
+from torch import nn
+
+from states import modules
 from states.compiling import GeluEpilogue, compile_blocks
 from states.interface import ModelState, Pack
-from states.loading import (
-    DTYPES, SentenceSettings, Task, check_model_dir, fingerprint, load_model, load_tokenizer, read_sentence_settings,
-)
+from states.loading import DTYPES, check_model_dir, check_weights, fingerprint, load_model, load_tokenizer
 from states.options import COMPILE_CHOICES, Execution, ModelOptions
 from states.packed import position_offset
+from states.pipeline import Pipeline, read_pipeline
 from states.pooling import check_mode, finish, pool
+from states.quantization import calibration_ranges
 from states.routing import init_model_state
 
 
@@ -35,15 +41,22 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return DTYPES[dtype]
 
 
-def _max_length(settings: SentenceSettings, tokenizer, state: ModelState, requested: int | None) -> int:
-    """The longest sequence the model can take: sentence-transformers' setting, else the
-    tokenizer's, capped by the position table (less the positions RoBERTa-style
-    embeddings reserve, as the packed path offsets them)."""
-    limits = [v for v in (settings.max_seq_length, getattr(tokenizer, "model_max_length", None)) if v and v < 1e6]
-    positions = getattr(state.config, "max_position_embeddings", None)
+def model_limit(pipeline: Pipeline, tokenizer_max: int | None, positions: int | None) -> int:
+    """The longest sequence the model takes: sentence-transformers' max_seq_length, else
+    the tokenizer's, capped by the usable positions (512 when nothing says)."""
+    st_limit = None if "model_max_length" in pipeline.tokenizer_kwargs else pipeline.max_seq_length
+    limits = [st_limit] if st_limit else [v for v in (tokenizer_max,) if v and v < 1e6]
     if positions:
-        limits.append(positions - position_offset(state.model))
-    model_max = min(limits) if limits else 512
+        limits.append(positions)
+    return min(limits) if limits else 512
+
+
+def _max_length(pipeline: Pipeline, tokenizer, state: ModelState, requested: int | None) -> int:
+    """RoBERTa-style embeddings reserve the positions up to padding_idx, as the packed
+    path offsets them."""
+    positions = getattr(state.config, "max_position_embeddings", None)
+    model_max = model_limit(pipeline, getattr(tokenizer, "model_max_length", None),
+                            positions - position_offset(state.model) if positions else None)
     if requested is None:
         return model_max
     if requested > model_max:
@@ -63,31 +76,61 @@ def _execution(options: ModelOptions) -> Execution:
     return "padded"
 
 
+def score_activation(pipeline: Pipeline, config) -> nn.Module:
+    """A cross-encoder's score function, as `CrossEncoder.predict` applies it: the saved
+    activation_fn (config_sentence_transformers.json, or config.json as sentence-transformers
+    4-5 and < 4 saved it), else sigmoid."""
+    saved = (pipeline.activation or (getattr(config, "sentence_transformers", None) or {}).get("activation_fn")
+             or getattr(config, "sbert_ce_default_activation_function", None))
+    return modules.activation(saved) if saved else nn.Sigmoid()
+
+
 class Runtime:
     """Everything a worker needs to turn packs into outputs for one model."""
 
     def __init__(self, options: ModelOptions) -> None:
         self.options = options
         execution = _execution(options)
-        self.model_dir = check_model_dir(options.model, options.allow_pickle)
+        self.model_dir = check_model_dir(options.model, options.allow_pickle, options.revision)
+        self.pipeline = read_pipeline(self.model_dir, options.route)
+        source = self.pipeline.transformer_dir
+        check_weights(source, options.allow_pickle)
         self.device = resolve_device(options.device)
         self.dtype = resolve_dtype(options.dtype, self.device)
-        self.settings = read_sentence_settings(self.model_dir)
-        self.tokenizer = load_tokenizer(self.model_dir, options.trust_remote_code)
+        self.tokenizer = load_tokenizer(source, options.trust_remote_code, self.pipeline)
         model = load_model(
-            self.model_dir, options.task, self.dtype, self.device,
-            trust_remote_code=options.trust_remote_code, allow_pickle=options.allow_pickle,
+            source, options.task, self.dtype, self.device, trust_remote_code=options.trust_remote_code,
+            allow_pickle=options.allow_pickle, allow_missing_weights=options.allow_missing_weights,
         )
         self.state: ModelState = init_model_state(model, execution, options.state)
-        self.max_length = _max_length(self.settings, self.tokenizer, self.state, options.max_length)
-        self.pooling = check_mode(
-            (self.settings.pooling or self.state.default_pooling) if options.pooling == "auto" else options.pooling
-        )
-        self.normalize = self.settings.normalize if options.normalize is None else options.normalize
+        self.max_length = _max_length(self.pipeline, self.tokenizer, self.state, options.max_length)
+        if options.pooling != "auto":
+            self.pooling: tuple[str, ...] = (check_mode(options.pooling),)
+        else:
+            self.pooling = self.pipeline.pooling or (check_mode(self.state.default_pooling),)
+        self.layer_pooling, self.post, normalized = self._modules()
+        self.normalize = normalized if options.normalize is None else options.normalize
         self.prompt = self._prompt(options.prompt_name)
+        self.prompt_skip = 0 if self.pipeline.include_prompt else self._prompt_length()
         self.labels = self._labels()
+        self.activation = score_activation(self.pipeline, self.state.config) if options.task == "score" else None
         self.compiled = self._compile(options.compile)
         self.output_shapes = self.warm_up()
+        self.ranges = (calibration_ranges(options.calibration, self.output_shapes["embedding"][0])
+                       if options.calibration and options.task == "embed" else None)
+
+    def _modules(self) -> tuple[nn.Module | None, list[nn.Module], bool]:
+        """(WeightedLayerPooling or None, the post-pooling modules less a final Normalize,
+        whether that Normalize was there), on the device in float32."""
+        build = lambda spec: modules.build(spec, self.options.allow_pickle).to(self.device)  # noqa: E731
+        post = list(self.pipeline.post)
+        normalized = bool(post) and post[-1].kind == "Normalize"
+        if normalized:
+            post.pop()
+        # sentence-transformers' WeightedLayerPooling does nothing when the Transformer
+        # does not hand its layers on.
+        layers = self.pipeline.layer_pooling if self.pipeline.output_hidden_states else None
+        return (None if layers is None else build(layers)), [build(s) for s in post], normalized
 
     def _compile(self, choice: str) -> bool:
         if choice not in COMPILE_CHOICES:
@@ -114,12 +157,20 @@ class Runtime:
         return {k: tuple(v.shape[1:]) for k, v in out.items()}
 
     def _prompt(self, name: str | None) -> str:
-        name = name or self.settings.default_prompt_name
+        name = name or self.pipeline.default_prompt_name
         if name is None:
             return ""
-        if name not in self.settings.prompts:
-            raise ValueError(f"prompt_name={name!r} is not among the model's prompts {sorted(self.settings.prompts)}")
-        return self.settings.prompts[name]
+        if name not in self.pipeline.prompts:
+            raise ValueError(f"prompt_name={name!r} is not among the model's prompts {sorted(self.pipeline.prompts)}")
+        return self.pipeline.prompts[name]
+
+    def _prompt_length(self) -> int:
+        """The prompt's tokens at the start of each sequence, as sentence-transformers counts
+        them for include_prompt=False (a trailing special token is not the prompt's)."""
+        if not self.prompt:
+            return 0
+        ids = self.tokenizer(self.prompt)["input_ids"]
+        return len(ids) - (1 if ids and ids[-1] in self.tokenizer.all_special_ids else 0)
 
     def _labels(self) -> list[str] | None:
         if self.options.task == "embed":
@@ -132,25 +183,37 @@ class Runtime:
 
     def provenance(self) -> dict[str, str]:
         """The settings that determine the output values, as resolved."""
-        return {
+        out = {
             "model": str(self.model_dir), "task": self.options.task, "state": self.state.kind,
-            "execution": self.state.execution, "pooling": self.pooling, "normalize": str(self.normalize),
+            "execution": self.state.execution, "pooling": "+".join(self.pooling), "normalize": str(self.normalize),
             "dim": str(self.options.dim), "dtype": str(self.dtype).removeprefix("torch."),
             "max_length": str(self.max_length), "prompt": self.prompt, "compiled": str(self.compiled),
             "gelu_epilogue": str(self.gelu_epilogue),
         }
+        if self.pipeline.sentence_transformers:
+            out["modules"] = "+".join(m.kind for m in self.pipeline.modules)
+            out["include_prompt"] = str(self.pipeline.include_prompt)
+        if self.pipeline.route is not None:
+            out["route"] = self.pipeline.route
+        if self.ranges is not None:
+            out["calibration_ranges"] = json.dumps(np.asarray(self.ranges, np.float32).tolist())
+        return out
 
     @torch.inference_mode()
     def compute(self, pack: Pack) -> dict[str, torch.Tensor]:
         """One pack (already on `self.device`) -> the task's outputs, each (B, ...) float32."""
         if self.options.task == "embed":
-            hidden = self.state.hidden_states(pack)  # (T, H)
-            pooled = pool(hidden, pack.cu_seqlens, self.pooling)  # (B, H)
+            if self.layer_pooling is not None:
+                hidden = self.layer_pooling(self.state.hidden_states(pack, all_layers=True))  # (L+1, T, H) -> (T, H)
+            else:
+                hidden = self.state.hidden_states(pack)  # (T, H)
+            pooled = pool(hidden, pack.cu_seqlens, self.pooling, self.prompt_skip)  # (B, H * modes)
+            for module in self.post:
+                pooled = module(pooled)  # (B, D)
             return {"embedding": finish(pooled, self.normalize, self.options.dim)}
         logits = self.state.logits(pack).float()  # (B, C)
         if self.options.task == "score" and logits.shape[1] == 1:
-            return {"score": torch.sigmoid(logits[:, 0]), "logits": logits}
+            return {"score": self.activation(logits)[:, 0], "logits": logits}
         multi = getattr(self.state.config, "problem_type", None) == "multi_label_classification"
         probs = torch.sigmoid(logits) if multi else torch.softmax(logits, dim=1)
         return {"probs": probs, "logits": logits}
-

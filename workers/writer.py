@@ -18,26 +18,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from states.quantization import quantize
 from workers import storage
 
 
-def embedding_array(values: np.ndarray, output_dtype: str) -> pa.Array:
-    """(N, D) float32 -> fixed_size_list column in the storage dtype.
-
-    int8 scales unit-range values by 127 (exact for normalized embeddings' range);
-    binary keeps sign bits, 8 dimensions per uint8, as sentence-transformers' ubinary.
-    """
-    if output_dtype == "float32":
-        flat = values.astype(np.float32, copy=False)
-    elif output_dtype == "float16":
-        flat = values.astype(np.float16)
-    elif output_dtype == "int8":
-        flat = np.clip(np.rint(values * 127.0), -127, 127).astype(np.int8)
-    elif output_dtype == "binary":
-        flat = np.packbits(values > 0, axis=1)
-    else:
-        raise ValueError(f"output_dtype={output_dtype!r}; choose float32, float16, int8 or binary")
-    return vector_array(flat)
+def embedding_array(values: np.ndarray, output_dtype: str, ranges: np.ndarray | None = None) -> pa.Array:
+    """(N, D) float32 -> fixed_size_list column in `output_dtype` (`states.quantization.quantize`)."""
+    return vector_array(quantize(values, output_dtype, ranges))
 
 
 def vector_array(values: np.ndarray) -> pa.Array:
@@ -47,11 +34,14 @@ def vector_array(values: np.ndarray) -> pa.Array:
     return pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), type=kind)
 
 
-def output_columns(outputs: dict[str, np.ndarray], output_dtype: str, labels: list[str] | None) -> dict[str, pa.Array]:
-    """The task's output columns, from the runtime's (N, ...) float32 arrays."""
+def output_columns(outputs: dict[str, np.ndarray], output_dtype: str, labels: list[str] | None,
+                   ranges: np.ndarray | None = None) -> dict[str, pa.Array]:
+    """The task's output columns, from the runtime's (N, ...) float32 arrays; embeddings in
+    `output_dtype` as sentence-transformers' `quantize_embeddings` defines it (`ranges`:
+    the job's (2, D) int8/uint8 calibration, `Runtime.ranges`)."""
     cols: dict[str, pa.Array] = {}
     if "embedding" in outputs:
-        cols["embedding"] = embedding_array(outputs["embedding"], output_dtype)
+        cols["embedding"] = embedding_array(outputs["embedding"], output_dtype, ranges)
     if "score" in outputs:
         cols["score"] = pa.array(outputs["score"].astype(np.float32))
     if "probs" in outputs:

@@ -11,10 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from states.pooling import POOLING_MODES, check_mode, finish, pool
+from states.options import POOLING_ALIASES, POOLING_MODES, ST_POOLING_MODES
+from states.pooling import check_mode, finish, pool
 
-ST_MODE = {"cls": "cls", "mean": "mean", "max": "max", "last": "lasttoken", "mean_sqrt_len": "mean_sqrt_len_tokens",
-           "weighted_mean": "weightedmean"}
 LENGTHS = [1, 7, 2, 13, 1, 5]
 H = 16
 
@@ -32,18 +31,23 @@ def _batch(seed: int, dtype=torch.float32):
     return torch.cat(seqs).to(dtype), cu, padded.to(dtype), mask
 
 
-def _sentence_transformers(mode: str, features: dict) -> torch.Tensor:
+def _sentence_transformers(mode, features: dict, include_prompt: bool = True) -> torch.Tensor:
     from sentence_transformers.sentence_transformer.modules import Pooling
 
-    return Pooling(H, pooling_mode=ST_MODE[mode])(dict(features))["sentence_embedding"].float()
+    module = Pooling(H, pooling_mode=mode, include_prompt=include_prompt)
+    return module(dict(features))["sentence_embedding"].float()
 
 
-def test_modes_match_sentence_transformers_names():
-    assert set(POOLING_MODES) == set(ST_MODE)
+def test_modes_are_sentence_transformers_names():
+    from sentence_transformers.sentence_transformer.modules import Pooling
+
+    assert set(ST_POOLING_MODES) == set(Pooling.POOLING_MODES)
+    assert set(POOLING_MODES) == set(ST_POOLING_MODES) | set(POOLING_ALIASES)
+    assert set(POOLING_ALIASES.values()) <= set(ST_POOLING_MODES)
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-@pytest.mark.parametrize("mode", POOLING_MODES)
+@pytest.mark.parametrize("mode", ST_POOLING_MODES)
 def test_pool_matches_sentence_transformers_padded(mode, seed):
     packed, cu, padded, mask = _batch(seed)
     want = _sentence_transformers(mode, {"token_embeddings": padded, "attention_mask": mask})
@@ -52,14 +56,44 @@ def test_pool_matches_sentence_transformers_padded(mode, seed):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("mode", POOLING_MODES)
+@pytest.mark.parametrize("mode", ST_POOLING_MODES)
 def test_pool_matches_sentence_transformers_varlen(mode):
     packed, cu, _, _ = _batch(2)
     want = _sentence_transformers(mode, {"token_embeddings": packed[None], "cu_seq_lens_q": cu})
     torch.testing.assert_close(pool(packed, cu, mode), want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("mode", POOLING_MODES)
+@pytest.mark.parametrize("alias", sorted(POOLING_ALIASES))
+def test_aliases_pool_as_their_mode(alias):
+    packed, cu, _, _ = _batch(4)
+    torch.testing.assert_close(pool(packed, cu, alias), pool(packed, cu, POOLING_ALIASES[alias]))
+
+
+@pytest.mark.parametrize("modes", [("cls", "mean"), ("max", "weightedmean", "lasttoken")])
+def test_several_modes_concatenate_in_order(modes):
+    packed, cu, padded, mask = _batch(5)
+    want = _sentence_transformers(modes, {"token_embeddings": padded, "attention_mask": mask})
+    got = pool(packed, cu, modes)
+    assert got.shape == (len(LENGTHS), H * len(modes))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ST_POOLING_MODES)
+def test_prompt_left_out_as_sentence_transformers(mode):
+    """include_prompt=False: the first `prompt_length` tokens do not count (padded and
+    variable-length sentence-transformers paths agree with ours)."""
+    packed, cu, padded, mask = _batch(6)
+    skip = 1
+    # A sequence that is all prompt has no pooled value (sentence-transformers' two paths disagree on it).
+    longer = torch.tensor(LENGTHS) > skip
+    for features in ({"token_embeddings": padded, "attention_mask": mask},
+                     {"token_embeddings": packed[None], "cu_seq_lens_q": cu}):
+        want = _sentence_transformers(mode, {**features, "prompt_length": skip}, include_prompt=False)
+        got = pool(packed, cu, mode, skip=skip)
+        torch.testing.assert_close(got[longer], want[longer], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ST_POOLING_MODES)
 def test_pool_bf16_accumulates_in_fp32(mode):
     packed, cu, _, _ = _batch(3)
     half = packed.to(torch.bfloat16)
@@ -76,9 +110,9 @@ def test_pool_single_sequence_of_one_token():
 
 
 def test_check_mode_lists_choices():
-    assert check_mode("weighted_mean") == "weighted_mean"
-    with pytest.raises(ValueError, match=r"pooling='lasttoken' is not a pooling mode; choose one of \('cls', 'mean'"):
-        check_mode("lasttoken")
+    assert check_mode("weighted_mean") == "weightedmean" and check_mode("lasttoken") == "lasttoken"
+    with pytest.raises(ValueError, match=r"pooling='last_token' is not a pooling mode; choose one of \('cls', 'mean'"):
+        check_mode("last_token")
 
 
 # -- finish: Matryoshka truncation, then normalization ---------------------------------

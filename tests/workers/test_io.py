@@ -58,9 +58,9 @@ def test_embedding_dtypes():
     v = np.array([[0.5, -0.25, 1.0, -1.0, 0.1, 0.2, -0.3, 0.4, 0.9]], dtype=np.float32)
     assert embedding_array(v, "float32").type == _vector(pa.float32(), 9)
     assert embedding_array(v, "float16").type == _vector(pa.float16(), 9)
-    q = embedding_array(v, "int8")
-    assert q.type == _vector(pa.int8(), 9) and q[0].as_py()[:4] == [64, -32, 127, -127]
-    b = embedding_array(v, "binary")
+    q = embedding_array(v, "int8", ranges=np.array([[-1.0] * 9, [1.0] * 9], np.float32))
+    assert q.type == _vector(pa.int8(), 9) and q[0].as_py()[:4] == [63, -33, 126, -128]  # float32 steps, as quantize_embeddings
+    b = embedding_array(v, "ubinary")
     assert b.type == _vector(pa.uint8(), 2)
     assert b[0].as_py() == [int("10101101", 2), int("10000000", 2)]
 
