@@ -10,10 +10,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from states.options import COMPILE_CHOICES, DTYPE_NAMES, EXECUTIONS, POOLING_MODES, TASKS, ModelOptions
+from states.options import (
+    CALIBRATED_DTYPES, COMPILE_CHOICES, DTYPE_NAMES, EXECUTIONS, OUTPUT_DTYPES, POOLING_MODES, TASKS, ModelOptions,
+)
 
 INPUT_FORMATS = ("auto", "parquet", "ipc", "jsonl", "csv")
-OUTPUT_DTYPES = ("float32", "float16", "int8", "binary")
 OVERLONG = ("truncate", "chunk")
 CHUNK_AGGREGATE = ("mean", "none")
 ON_ERROR = ("quarantine", "fail")
@@ -44,7 +45,9 @@ class JobSpec:
     pooling: str = _f("auto", "pooling mode; auto reads the sentence-transformers config", ("auto", *POOLING_MODES))
     normalize: bool | None = _f(None, "L2-normalize embeddings (default: as the model's config says)")
     dim: int | None = _f(None, "Matryoshka truncation to this many dimensions (renormalized when normalizing)")
-    output_dtype: str = _f("float32", "embedding storage type; binary packs sign bits 8 per byte", OUTPUT_DTYPES)
+    output_dtype: str = _f("float32", "embedding storage type, as sentence-transformers' quantize_embeddings: "
+                           "int8/uint8 (calibrated ranges), ubinary (sign bits 8 per byte), binary (ubinary - 128)",
+                           OUTPUT_DTYPES)
     max_length: int | None = _f(None, "truncate texts to this many tokens (default: the model's limit)")
     overlong: str = _f("truncate", "texts over max_length: truncate them (counted), or split them into windows", OVERLONG)
     chunk_stride: int = _f(32, "with overlong=chunk: tokens each window shares with the previous one")
@@ -71,6 +74,12 @@ class JobSpec:
     address: str | None = _f(None, "Ray address (default: the job's cluster, else a local Ray without dashboard)")
     storage_options: dict = _f({}, "pyarrow.fs options for URIs, e.g. {endpoint_override: ..., region: ...}")
     progress: bool | None = _f(None, "progress bar (default: on a terminal; log lines otherwise)")
+    route: str | None = _f(None, "sentence-transformers Router route to run (e.g. query, document; default: the model's)")
+    revision: str | None = _f(None, "hub ids: the branch, tag or commit to take from the local Hugging Face cache")
+    allow_missing_weights: bool = _f(False, "run even though the checkpoint lacks weights (a head, a pooler) that "
+                                     "would be initialised at random; for experiments only")
+    calibration: str | None = _f(None, "int8/uint8 output: a .npy of (2, dim) ranges, or of sample embeddings "
+                                 "whose per-dimension min/max become the ranges")
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -93,8 +102,12 @@ class JobSpec:
             raise SpecError(f"max_retries={self.max_retries} must be >= 0")
         if self.task == "score" and not self.pair_column:
             raise SpecError("task 'score' needs pair_column (the second text of each pair)")
-        if self.output_dtype == "binary" and self.dim is not None and self.dim % 8:
-            raise SpecError(f"output_dtype 'binary' packs 8 dimensions per byte; dim={self.dim} is not a multiple of 8")
+        if self.output_dtype in ("binary", "ubinary") and self.dim is not None and self.dim % 8:
+            raise SpecError(f"output_dtype {self.output_dtype!r} packs 8 dimensions per byte; "
+                            f"dim={self.dim} is not a multiple of 8")
+        if self.output_dtype in CALIBRATED_DTYPES and self.calibration is None and self.task == "embed":
+            raise SpecError(f"output_dtype {self.output_dtype!r} buckets each dimension's calibrated range into "
+                            "256 steps: pass calibration=FILE.npy (the (2, dim) ranges, or sample embeddings)")
 
     @classmethod
     def from_mapping(cls, values: dict[str, Any], source: str = "job file") -> JobSpec:

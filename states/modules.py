@@ -61,11 +61,20 @@ class LayerNorm(nn.Module):
 
 
 class Normalize(nn.Module):
+    def __init__(self, config: dict) -> None:
+        super().__init__()
+        if config.get("module_input_name", "sentence_embedding") != "sentence_embedding":
+            raise ModelLoadError(f"Normalize of {config['module_input_name']!r}: pooljobs normalizes sentence "
+                                 "embeddings only")
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.normalize(x, p=2, dim=-1)
 
 
 class Dropout(nn.Module):
+    def __init__(self, config: dict) -> None:
+        super().__init__()
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x
 

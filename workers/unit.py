@@ -451,7 +451,8 @@ class UnitRunner:
         columns = {key_name: key_values.take(pa.array(rows, type=pa.int64()))}
         if self.spec.overlong == "chunk" and self.spec.chunk_aggregate == "none":
             columns["chunk"] = pa.array(chunks, type=pa.int32())
-        part = pa.table({**columns, **output_columns(outputs, self.spec.output_dtype, self.runtime.labels)})
+        out = output_columns(outputs, self.spec.output_dtype, self.runtime.labels, self.runtime.ranges)
+        part = pa.table({**columns, **out})
         shard.write(part.replace_schema_metadata(self._schema_metadata))
 
     def _assemble(self, rows: list[np.ndarray], chunks: list[np.ndarray], outputs: dict[str, np.ndarray]
