@@ -7,4 +7,4 @@ from states.packed import PackedState
 
 class DecoderState(PackedState):
     kind = "decoder"
-    default_pooling = "last"
+    default_pooling = "lasttoken"

@@ -7,4 +7,4 @@ from states.interface import ModelState
 
 class RecurrentState(ModelState):
     kind = "hybrid_or_attention_free"
-    default_pooling = "last"
+    default_pooling = "lasttoken"

@@ -17,7 +17,7 @@ from states.interface import Pack
 
 # Default pooling of each routed kind, as the design states it (not read from the code).
 DEFAULT_POOLING = {
-    "encoder_only": "cls", "decoder": "last", "encoder_decoder": "mean", "hybrid_or_attention_free": "last",
+    "encoder_only": "cls", "decoder": "lasttoken", "encoder_decoder": "mean", "hybrid_or_attention_free": "lasttoken",
 }
 WORDS = "the quick brown fox jumps over a lazy dog and engineers debug ray jobs all day".split()
 
@@ -101,15 +101,15 @@ def reference_pool(h: torch.Tensor, mode: str) -> torch.Tensor:
     """One sequence's hidden states (L, H) -> (H,), as sentence-transformers defines the modes."""
     if mode == "cls":
         return h[0]
-    if mode == "last":
+    if mode == "lasttoken":
         return h[-1]
     if mode == "mean":
         return h.mean(0)
     if mode == "max":
         return h.max(0).values
-    if mode == "mean_sqrt_len":
+    if mode == "mean_sqrt_len_tokens":
         return h.sum(0) / len(h) ** 0.5
-    if mode == "weighted_mean":
+    if mode == "weightedmean":
         w = torch.arange(1, len(h) + 1, dtype=h.dtype)[:, None]
         return (h * w).sum(0) / w.sum()
     raise AssertionError(mode)

@@ -1,5 +1,6 @@
 """Loading a model directory: clear `ModelLoadError`s for what cannot be loaded safely,
-and the sentence-transformers settings an export carries."""
+hub ids from the local cache, the model's identity, and the sentence-transformers
+settings an export carries."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import torch
 from safetensors.torch import load_file
 
 from hf_reference import make_pack, random_ids
-from states.loading import ModelLoadError, check_model_dir, fingerprint, read_sentence_settings
+from states.loading import ModelLoadError, check_model_dir, fingerprint, resolve_model
+from states.pipeline import read_pipeline
 from states.runtime import ModelOptions, Runtime
 
 
@@ -26,7 +28,7 @@ def _runtime(path: Path, **options) -> Runtime:
 
 
 def test_not_a_directory(tmp_path):
-    with pytest.raises(ModelLoadError, match="is not a directory .*local model directories only"):
+    with pytest.raises(ModelLoadError, match="is not a directory .*local model directories, or hub ids"):
         _runtime(tmp_path / "missing")
     (tmp_path / "file").write_text("x")
     with pytest.raises(ModelLoadError, match="is not a directory"):
@@ -94,7 +96,28 @@ def test_remote_code_refused(tiny_model, tmp_path):
 
 def test_missing_tokenizer(tiny_model, tmp_path):
     path = _copy(tiny_model("roberta"), tmp_path / "m", skip=("tokenizer.json", "tokenizer_config.json"))
-    with pytest.raises(ModelLoadError, match=r"has no tokenizer \(looked for .*tokenizer\.json"):
+    with pytest.raises(ModelLoadError, match=r"has no tokenizer vocabulary \(looked for .*tokenizer\.json"):
+        _runtime(path)
+
+
+def test_tokenizer_config_alone_refused(minilm_path, tmp_path):
+    """Only tokenizer_config.json: transformers would build a 5-token vocabulary."""
+    path = _copy(minilm_path, tmp_path / "m", skip=("tokenizer.json", "vocab.txt", "special_tokens_map.json"))
+    with pytest.raises(ModelLoadError, match="has no tokenizer vocabulary"):
+        _runtime(path)
+
+
+def test_tokenizer_that_knows_no_english_refused(tiny_model, tmp_path):
+    """A vocabulary file is there, but it maps ordinary English to the unknown token."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    path = _copy(tiny_model("roberta"), tmp_path / "m", skip=("tokenizer.json",))
+    vocab = {t: i for i, t in enumerate(["<s>", "<pad>", "</s>", "<unk>", "<mask>", *[f"x{i}" for i in range(123)]])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", pad_token="<pad>").save_pretrained(path)
+    with pytest.raises(ModelLoadError, match=r"maps 100% of an ordinary English sentence to its unknown token"):
         _runtime(path)
 
 
@@ -112,46 +135,79 @@ def test_fingerprint_names_the_weights(tiny_model, tmp_path):
     assert fingerprint(path) != before
 
 
-# -- sentence-transformers settings ------------------------------------------------
-def _with_st_files(src: Path, dst: Path, pooling: dict, normalize: bool, extra: dict | None = None) -> Path:
-    path = _copy(src, dst)
-    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
-    if normalize:
-        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
-    (path / "modules.json").write_text(json.dumps(modules))
-    (path / "1_Pooling").mkdir()
-    (path / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 32, **pooling}))
-    for name, content in (extra or {}).items():
-        (path / name).write_text(json.dumps(content))
+def _st_model(tiny_model, path: Path, **kwargs) -> Path:
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer import modules as m
+
+    torch.manual_seed(0)
+    SentenceTransformer(modules=[m.Transformer(str(tiny_model("bert")), max_seq_length=32),
+                                 m.Pooling(32, "weightedmean"), m.Dense(32, 8), m.Normalize()], **kwargs).save(str(path))
     return path
 
 
+@pytest.mark.parametrize("edit", ["tokenizer.json", "tokenizer_config.json", "1_Pooling/config.json",
+                                  "2_Dense/config.json", "2_Dense/model.safetensors", "modules.json",
+                                  "sentence_bert_config.json", "config_sentence_transformers.json"])
+def test_fingerprint_covers_what_changes_outputs(tiny_model, tmp_path, edit):
+    """Every tokenizer file and every sentence-transformers module file is the model."""
+    path = _st_model(tiny_model, tmp_path / "m")
+    before = fingerprint(path)
+    with (path / edit).open("ab") as f:
+        f.write(b" ")
+    assert fingerprint(path) != before
+
+
+# -- hub ids, from the local cache only ------------------------------------------------
+def _cache_snapshot(src: Path, cache: Path, repo: str, revision: str = "main") -> Path:
+    """The layout huggingface_hub keeps a downloaded snapshot in (refs/<revision> names the commit)."""
+    commit = "0123456789abcdef0123456789abcdef01234567" if revision == "main" else "f" * 40
+    root = cache / f"models--{repo.replace('/', '--')}"
+    shutil.copytree(src, root / "snapshots" / commit)
+    (root / "refs").mkdir(exist_ok=True)
+    (root / "refs" / revision).write_text(commit)
+    return root / "snapshots" / commit
+
+
+def test_hub_id_resolves_in_the_local_cache(tiny_model, tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    main = _cache_snapshot(tiny_model("bert"), tmp_path / "hub", "pooljobs/tiny-bert")
+    other = _cache_snapshot(tiny_model("roberta"), tmp_path / "hub", "pooljobs/tiny-bert", revision="v2")
+    assert resolve_model("pooljobs/tiny-bert") == main
+    assert resolve_model("pooljobs/tiny-bert", revision="v2") == other
+    runtime = _runtime("pooljobs/tiny-bert")
+    assert runtime.model_dir == main and runtime.state.config.model_type == "bert"
+    assert _runtime("pooljobs/tiny-bert", revision="v2").state.config.model_type == "roberta"
+
+
+def test_hub_id_missing_from_the_cache_names_it(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    with pytest.raises(ModelLoadError, match=r"BAAI/bge-small-en-v1.5 is not in the local Hugging Face cache \(.*hub"):
+        resolve_model("BAAI/bge-small-en-v1.5")
+    with pytest.raises(ModelLoadError, match="revision='v1' applies to hub ids"):
+        resolve_model(tmp_path, revision="v1")
+
+
+# -- sentence-transformers settings ------------------------------------------------
 def test_sentence_transformers_settings(tiny_model, tmp_path):
-    path = _with_st_files(
-        tiny_model("bert"), tmp_path / "m", {"pooling_mode_weightedmean_tokens": True}, normalize=True,
-        extra={"sentence_bert_config.json": {"max_seq_length": 32},
-               "config_sentence_transformers.json": {"prompts": {"query": "query: ", "doc": ""},
-                                                     "default_prompt_name": "query"}},
-    )
+    path = _st_model(tiny_model, tmp_path / "m", prompts={"query": "query: ", "doc": ""}, default_prompt_name="query")
+    pipeline = read_pipeline(path)
+    assert (pipeline.pooling, [m.kind for m in pipeline.post]) == (("weightedmean",), ["Dense", "Normalize"])
     runtime = _runtime(path)
     resolved = (runtime.pooling, runtime.normalize, runtime.max_length, runtime.prompt)
-    assert resolved == ("weighted_mean", True, 32, "query: ")
+    assert resolved == (("weightedmean",), True, 32, "query: ")
     assert _runtime(path, pooling="max", normalize=False, prompt_name="doc").provenance()["pooling"] == "max"
-    with pytest.raises(ValueError, match=r"prompt_name='passage' is not among the model's prompts \['doc', 'query'\]"):
+    with pytest.raises(ValueError, match=r"prompt_name='passage' is not among the model's prompts \['doc', 'document'"):
         _runtime(path, prompt_name="passage")
     with pytest.raises(ValueError, match="max_length=64 exceeds what the model takes"):
         _runtime(path, max_length=64)
 
 
 def test_no_sentence_transformers_files(tiny_model):
-    assert read_sentence_settings(tiny_model("bert")).pooling is None
+    assert not read_pipeline(tiny_model("bert")).sentence_transformers
     runtime = _runtime(tiny_model("bert"))
-    assert (runtime.pooling, runtime.normalize, runtime.prompt) == ("cls", False, "")
-
-
-def test_several_pooling_modes_refused(tiny_model, tmp_path):
-    path = _with_st_files(tiny_model("bert"), tmp_path / "m",
-                          {"pooling_mode_cls_token": True, "pooling_mode_mean_tokens": True}, normalize=False)
-    with pytest.raises(ModelLoadError, match=r"enables \['cls', 'mean'\]; pooljobs supports exactly one"):
-        read_sentence_settings(path)
+    assert (runtime.pooling, runtime.normalize, runtime.prompt) == (("cls",), False, "")

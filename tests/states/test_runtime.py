@@ -37,7 +37,7 @@ def minilm_embeddings(minilm_path) -> torch.Tensor:
 @pytest.mark.parametrize("execution", ["packed", "padded"])
 def test_sentence_transformers_model(minilm_path, minilm_embeddings, execution):
     runtime = _runtime(minilm_path, execution=execution)
-    assert (runtime.pooling, runtime.normalize, runtime.max_length) == ("mean", True, 256)
+    assert (runtime.pooling, runtime.normalize, runtime.max_length) == (("mean",), True, 256)
     ids, types = tokenized(runtime.tokenizer, TEXTS)
     got = runtime.compute(make_pack(ids, types))["embedding"]
     assert_close(got, minilm_embeddings)
@@ -76,7 +76,7 @@ def test_no_cache_is_built(tiny_model, arch, execution):
 def test_provenance_names_the_resolved_settings(tiny_model):
     runtime = _runtime(tiny_model("qwen3"), dim=8, normalize=True)
     assert runtime.provenance() | {"model": ""} == {
-        "model": "", "task": "embed", "state": "decoder", "execution": "packed", "pooling": "last",
+        "model": "", "task": "embed", "state": "decoder", "execution": "packed", "pooling": "lasttoken",
         "normalize": "True", "dim": "8", "dtype": "float32", "max_length": "64", "prompt": "",
         "compiled": "False", "gelu_epilogue": "False",  # compile=auto compiles on CUDA only
     }
@@ -102,7 +102,7 @@ def test_compiled_bert_runs_gelu_in_the_epilogue_only_in_half_precision(tiny_mod
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"pooling": "lasttoken"}, r"pooling='lasttoken' is not a pooling mode; choose one of \('cls'"),
+    ({"pooling": "last_token"}, r"pooling='last_token' is not a pooling mode; choose one of \('cls'"),
     ({"dtype": "fp8"}, r"dtype='fp8'; choose one of \['auto', 'float32', 'float16', 'bfloat16'\]"),
     ({"execution": "fast"}, r"execution='fast'; choose one of \('auto', 'packed', 'padded'\)"),
     ({"state": "causal"}, r"state='causal' is not a known state"),
