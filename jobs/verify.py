@@ -1,11 +1,17 @@
 """`python -m jobs.verify OUT`: check an output directory against its input and manifest.
 
 Checks that every unit the job planned is committed, each shard's sha256 matches its
-commit record, schemas and provenance agree across shards and with `_job.json`, and every
-input row is in the output exactly once or quarantined, in input order. With
-`--reference N` it recomputes N sampled rows through the plain transformers path
-(padded, float32) and reports the minimum cosine against the stored values.
-Exit code 0 only when everything holds.
+commit record, schemas and provenance agree across shards and with `_job.json` (model
+hash, task, output dtype, dim), and every input row is in the output exactly once or
+quarantined, in input order. With `--reference N --model PATH` it recomputes N sampled
+rows with the real reference (`states.reference`: sentence-transformers, or plain
+transformers, from PATH, float32 on the CPU) and reports the minimum cosine (float
+outputs) or the share of equal stored values (quantized outputs).
+
+Nothing in the output directory decides what runs: the model and the trust flags come
+from this command line; the recorded ones are only compared (a different model is a
+PROBLEM). Every disagreement is a PROBLEM line, never a traceback. Exit code 0 only when
+everything holds.
 """
 
 from __future__ import annotations
@@ -29,6 +35,11 @@ from workers import storage
 from workers.reader import Unit, read_unit
 
 REFERENCE_MIN_COS = 0.999
+QUANTIZED_MIN_AGREEMENT = 0.95  # stored int8/binary values equal to the reference's, within one bucket
+# Provenance fields that must agree with _job.json's options.
+_RECORDED = {"task": "task", "output_dtype": "output_dtype", "dim": "dim"}
+# Provenance fields that may differ between workers (hardware, not results).
+_PER_WORKER = {"compiled", "gelu_epilogue", "execution", "dtype", "model"}
 
 
 @dataclass
@@ -38,6 +49,7 @@ class Verification:
     quarantined: int = 0
     duplicate_ids: int = 0  # rows repeating an id of the input (reported; every row is still kept once)
     min_cos: float | None = None
+    agreement: float | None = None  # quantized outputs: share of stored values matching the reference
 
     @property
     def ok(self) -> bool:
@@ -69,15 +81,53 @@ def _align(part: list, whole: list) -> list[int] | None:
     return positions
 
 
-def verify(output: str, storage_options: dict | None = None, reference: int = 0, seed: int = 0) -> Verification:
+@dataclass(frozen=True)
+class Reference:
+    """`--reference`: how many rows, and the model to compute them with (the caller's)."""
+
+    rows: int
+    model: str
+    trust_remote_code: bool = False
+    allow_pickle: bool = False
+    seed: int = 0
+
+
+def _spec(job: dict, output: str, options: dict, result: Verification) -> JobSpec | None:
+    try:
+        return JobSpec(input=job["input"], output=output, storage_options=options, **job["options"])
+    except (KeyError, TypeError, ValueError) as e:
+        result.problems.append(f"_job.json does not describe a valid job: {e}")
+        return None
+
+
+def _check_provenance(name: str, provenance: dict, job: dict, first: dict, result: Verification) -> None:
+    if provenance.get("model_sha256") != job["model_sha256"]:
+        result.problems.append(f"{name}: written by another model than _job.json names")
+    for field_name, option in _RECORDED.items():
+        if field_name in provenance and provenance[field_name] != str(job["options"].get(option)):
+            result.problems.append(f"{name}: {field_name}={provenance[field_name]} but _job.json says "
+                                   f"{job['options'].get(option)}")
+    differ = sorted(k for k in set(provenance) | set(first)
+                    if k not in _PER_WORKER and provenance.get(k) != first.get(k))
+    if differ:
+        result.problems.append(f"{name}: provenance differs from the first shard's in {differ}")
+
+
+def verify(output: str, storage_options: dict | None = None, reference: Reference | None = None) -> Verification:
     options = storage_options or {}
     result = Verification()
     manifest = Manifest(output, options)
-    job = manifest.job()
+    try:
+        job = manifest.job()
+    except (OSError, ValueError) as e:
+        result.problems.append(f"cannot read _job.json: {e}")
+        return result
     if job is None:
         result.problems.append(f"{output} has no _job.json: not a pooljobs output")
         return result
-    spec = JobSpec(input=job["input"], output=output, storage_options=options, **job["options"])
+    spec = _spec(job, output, options, result)
+    if spec is None:
+        return result
     files = list_inputs(spec)
     if input_fingerprint(files) != job["input_sha256"]:
         result.problems.append("the input listing (names, sizes) changed since the job ran")
@@ -88,6 +138,7 @@ def verify(output: str, storage_options: dict | None = None, reference: int = 0,
         return result
     records = manifest.committed()
     schemas, seen, shards, positions = set(), Counter(), {}, {}
+    first: dict | None = None
     for unit in units:
         record = records.get(unit.name)
         if record is None:
@@ -104,9 +155,13 @@ def verify(output: str, storage_options: dict | None = None, reference: int = 0,
         if reference:  # only the reference check reads the values back
             shards[unit.name] = table
         schemas.add(table.schema.remove_metadata().to_string())
-        provenance = json.loads(table.schema.metadata[b"pooljobs"])
-        if provenance.get("model_sha256") != job["model_sha256"]:
-            result.problems.append(f"{unit.name}: written by another model than _job.json names")
+        try:
+            provenance = json.loads((table.schema.metadata or {})[b"pooljobs"])
+        except (KeyError, ValueError):
+            result.problems.append(f"{unit.name}: the shard carries no pooljobs provenance")
+            continue
+        first = provenance if first is None else first
+        _check_provenance(unit.name, provenance, job, first, result)
         key = table.column_names[0]
         keys = table.column(key).to_pylist()
         errors = _read(storage.join(output.rstrip("/"), ERRORS_DIR, f"{unit.name}.parquet"), options)
@@ -128,58 +183,110 @@ def verify(output: str, storage_options: dict | None = None, reference: int = 0,
     if duplicates and spec.id_column is None:  # row keys are unique by construction
         result.problems.append(f"{len(duplicates)} row keys appear more than once, e.g. {duplicates[0]}")
     result.duplicate_ids = sum(seen[k] - 1 for k in duplicates) if spec.id_column else 0
-    if reference and positions:
-        result.min_cos = _reference_check(spec, units, shards, positions, reference, seed)
-        if result.min_cos < REFERENCE_MIN_COS:
-            result.problems.append(f"recomputed rows disagree: min cosine {result.min_cos:.6f} < {REFERENCE_MIN_COS}")
+    if reference and positions and first is not None:
+        _reference_check(spec, job, first, units, shards, positions, reference, result)
     return result
 
 
-def _reference_check(spec: JobSpec, units: list[Unit], shards: dict[str, pa.Table], positions: dict[str, list[int]],
-                     n: int, seed: int) -> float:
-    """Recompute `n` sampled rows with the padded float32 reference path; min cosine.
+def _reference_check(spec: JobSpec, job: dict, provenance: dict, units: list[Unit], shards: dict[str, pa.Table],
+                     positions: dict[str, list[int]], reference: Reference, result: Verification) -> None:
+    """Recompute sampled rows with `states.reference` from the caller's model; every
+    disagreement (another model, other dimensions, values) is a problem on `result`.
     `positions[unit][i]` is the unit's input row of shard row i."""
-    from states.runtime import Runtime
-    from workers.packing import PackPlan, build_pack
-    from workers.tokenize import TokenizerSpec
+    from states.errors import ModelLoadError
+    from states.loading import check_model_dir, fingerprint
+    from states.reference import ReferenceModel, compute
 
-    column = {"embed": "embedding", "classify": "probs", "score": "score"}[spec.task]
-    if spec.task == "embed" and spec.output_dtype == "binary":
-        raise ValueError("--reference cannot compare binary (sign-bit) embeddings by cosine")
-    runtime = Runtime(spec.replace(execution="padded", dtype="float32", device="cpu").model_options)
-    tokenize = TokenizerSpec.from_hf(runtime.tokenizer, runtime.max_length, runtime.prompt).build()
-    rng = np.random.default_rng(seed)
+    try:
+        model_dir = check_model_dir(reference.model, reference.allow_pickle)
+    except ModelLoadError as e:
+        result.problems.append(f"--model: {e}")
+        return
+    if fingerprint(model_dir) != job["model_sha256"]:
+        result.problems.append(f"--model {reference.model} is not the model the job ran (its files' sha256 differs)")
+        return
+    rng = np.random.default_rng(reference.seed)
     picks = [(name, i) for name in positions for i in range(len(positions[name]))]
     chosen: dict[str, list[int]] = {}
-    for k in sorted(rng.choice(len(picks), size=min(n, len(picks)), replace=False)):
+    for k in sorted(rng.choice(len(picks), size=min(reference.rows, len(picks)), replace=False)):
         chosen.setdefault(picks[k][0], []).append(picks[k][1])
     by_unit = {u.name: u for u in units}
-    cosines = []
+    texts, pairs, stored = [], [], []
+    column = {"embed": "embedding", "classify": "probs", "score": "score"}[spec.task]
     for name, rows in chosen.items():  # each sampled unit's input is read once
         source = read_unit(by_unit[name], [c for c in (spec.text_column, spec.pair_column) if c], spec.storage_options)
         for i in rows:
             row = positions[name][i]
-            text = source.column(spec.text_column)[row].as_py()
-            pair = source.column(spec.pair_column)[row].as_py() if spec.pair_column else None
-            enc = tokenize([text], None if pair is None else [pair])
-            want = runtime.compute(build_pack(enc, PackPlan(np.array([0]))))
-            got = np.asarray(shards[name].column(column)[i].as_py(), dtype=np.float64).reshape(-1)
-            ref = want[column][0].numpy().astype(np.float64).reshape(-1)
-            cosines.append(float(got @ ref / (np.linalg.norm(got) * np.linalg.norm(ref) or 1.0)))
-    return min(cosines) if cosines else 1.0
+            texts.append(source.column(spec.text_column)[row].as_py())
+            pairs.append(source.column(spec.pair_column)[row].as_py() if spec.pair_column else None)
+            stored.append(np.asarray(shards[name].column(column)[i].as_py()).reshape(-1))
+    ref = ReferenceModel(model_dir, spec.task, provenance, reference.trust_remote_code)
+    try:
+        want = compute(ref, texts, pairs if spec.pair_column else None)[column]
+    except Exception as e:  # noqa: BLE001 - a reference that cannot run is reported, not raised
+        result.problems.append(f"the reference cannot recompute the rows: {type(e).__name__}: {e}")
+        return
+    got = np.stack(stored)
+    _compare(got, want.reshape(len(got), -1), spec.output_dtype if spec.task == "embed" else "float32",
+             provenance, result)
+
+
+def _compare(got: np.ndarray, want: np.ndarray, output_dtype: str, provenance: dict, result: Verification) -> None:
+    from states.quantization import quantize
+
+    if output_dtype in ("float32", "float16"):
+        if got.shape != want.shape:
+            result.problems.append(f"stored values have shape {got.shape[1:]}, the reference {want.shape[1:]}")
+            return
+        got, want = got.astype(np.float64), want.astype(np.float64)
+        norms = np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1)
+        result.min_cos = float(np.min((got * want).sum(1) / np.where(norms == 0, 1.0, norms)))
+        if result.min_cos < REFERENCE_MIN_COS:
+            result.problems.append(f"recomputed rows disagree: min cosine {result.min_cos:.6f} < {REFERENCE_MIN_COS}")
+        return
+    ranges = provenance.get("calibration_ranges")
+    ranges = None if ranges is None else np.asarray(json.loads(ranges), np.float32)
+    if output_dtype in ("int8", "uint8") and (ranges is None or ranges.shape != (2, want.shape[1])):
+        result.problems.append(f"{output_dtype} output without calibration ranges of the reference's "
+                               f"{want.shape[1]} dimensions in its provenance")
+        return
+    expected = quantize(want.astype(np.float32), output_dtype, ranges)
+    if got.shape != expected.shape:
+        result.problems.append(f"stored values have shape {got.shape[1:]}, the reference {expected.shape[1:]}")
+        return
+    if output_dtype.endswith("binary"):
+        offset = 128 if output_dtype == "binary" else 0
+        equal = np.unpackbits((got.astype(int) + offset).astype(np.uint8), axis=1) == np.unpackbits(
+            (expected.astype(int) + offset).astype(np.uint8), axis=1)
+    else:
+        equal = np.abs(got.astype(int) - expected.astype(int)) <= 1
+    result.agreement = float(equal.mean())
+    if result.agreement < QUANTIZED_MIN_AGREEMENT:
+        result.problems.append(f"recomputed rows disagree: {result.agreement:.1%} of stored {output_dtype} values "
+                               f"match the reference's (< {QUANTIZED_MIN_AGREEMENT:.0%})")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="jobs.verify", description=__doc__.splitlines()[0])
     parser.add_argument("output", help="the output directory or URI of a pooljobs job")
-    parser.add_argument("--reference", type=int, default=0, metavar="N", help="recompute N sampled rows")
+    parser.add_argument("--reference", type=int, default=0, metavar="N",
+                        help="recompute N sampled rows with sentence-transformers / transformers from --model")
+    parser.add_argument("--model", help="the model directory (or cached hub id) to recompute with; "
+                        "never taken from the output")
+    parser.add_argument("--trust-remote-code", action="store_true", help="let the model's own code run (--reference)")
+    parser.add_argument("--allow-pickle", action="store_true", help="allow pickle weights (--reference)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE", type=storage_option)
     args = parser.parse_args(argv)
+    if args.reference and not args.model:
+        parser.error("--reference needs --model: the model to recompute with is never read from the output")
     options = dict(args.storage_option)
-    result = verify(args.output, options, args.reference, args.seed)
+    reference = Reference(args.reference, args.model, args.trust_remote_code, args.allow_pickle, args.seed) \
+        if args.reference else None
+    result = verify(args.output, options, reference)
     print(f"jobs.verify: {result.rows:,} rows, {result.quarantined:,} quarantined, {result.duplicate_ids:,} repeated ids"
-          + (f", reference min cosine {result.min_cos:.6f}" if result.min_cos is not None else ""))
+          + (f", reference min cosine {result.min_cos:.6f}" if result.min_cos is not None else "")
+          + (f", reference agreement {result.agreement:.2%}" if result.agreement is not None else ""))
     for problem in result.problems:
         print(f"jobs.verify: PROBLEM {problem}")
     print("jobs.verify: OK" if result.ok else f"jobs.verify: {len(result.problems)} problem(s)")

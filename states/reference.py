@@ -1,0 +1,88 @@
+"""The independent reference a job's outputs are checked against (`jobs.verify --reference`).
+
+Not pooljobs' own path: sentence-transformers itself (`SentenceTransformer.encode`,
+`CrossEncoder.predict`) loaded from the model directory, or plain transformers with a
+padded batch for classification heads, on the CPU in float32, with the settings the
+job's provenance records (pooling, prompt, route, dim, normalization). The model path and
+trust flags are the caller's, never read from the output being checked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ReferenceModel:
+    """What to load (the caller's) and how the job ran it (its provenance)."""
+
+    model_dir: Path
+    task: str
+    provenance: dict
+    trust_remote_code: bool = False
+
+
+def _normalize(values: np.ndarray) -> np.ndarray:
+    return values / np.maximum(np.linalg.norm(values, axis=1, keepdims=True), 1e-12)
+
+
+def _embed(ref: ReferenceModel, texts: list[str]) -> np.ndarray:
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+
+    prov = ref.provenance
+    modes = tuple(prov["pooling"].split("+"))
+    max_length = int(prov["max_length"])
+    if (ref.model_dir / "modules.json").exists():
+        model = SentenceTransformer(str(ref.model_dir), device="cpu", local_files_only=True,
+                                    trust_remote_code=ref.trust_remote_code)
+        for module in model:
+            if isinstance(module, Pooling) and tuple(np.atleast_1d(module.pooling_mode)) != modes:
+                module.pooling_mode = modes[0] if len(modes) == 1 else modes
+    else:
+        trust = {"trust_remote_code": True} if ref.trust_remote_code else {}
+        transformer = Transformer(str(ref.model_dir), model_kwargs=trust, processor_kwargs=trust, config_kwargs=trust)
+        model = SentenceTransformer(modules=[transformer, Pooling(transformer.get_embedding_dimension(), modes)],
+                                    device="cpu")
+    model.max_seq_length = max_length
+    kwargs = {"task": prov["route"]} if "route" in prov else {}
+    values = model.encode(texts, prompt=prov.get("prompt") or None, convert_to_numpy=True, **kwargs)
+    values = values.astype(np.float32)
+    if (model_normalizes := any(type(m).__name__ == "Normalize" for m in model)) and prov["normalize"] == "False":
+        raise ValueError("the job turned the model's Normalize off; the reference cannot undo it")
+    if prov["dim"] != "None":
+        values = values[:, : int(prov["dim"])]
+    if prov["normalize"] == "True" and (prov["dim"] != "None" or not model_normalizes):
+        values = _normalize(values)
+    return values
+
+
+def _heads(ref: ReferenceModel, texts: list[str], pairs: list[str] | None) -> dict[str, np.ndarray]:
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    if ref.task == "score":
+        from sentence_transformers import CrossEncoder
+
+        model = CrossEncoder(str(ref.model_dir), device="cpu", local_files_only=True,
+                             trust_remote_code=ref.trust_remote_code, max_length=int(ref.provenance["max_length"]))
+        return {"score": np.asarray(model.predict(list(zip(texts, pairs))), np.float32).reshape(len(texts), -1)}
+    tokenizer = AutoTokenizer.from_pretrained(ref.model_dir, local_files_only=True)
+    model = AutoModelForSequenceClassification.from_pretrained(
+        ref.model_dir, dtype=torch.float32, local_files_only=True, trust_remote_code=ref.trust_remote_code).eval()
+    batch = tokenizer(texts, pairs, padding=True, truncation=True, max_length=int(ref.provenance["max_length"]),
+                      return_tensors="pt")
+    with torch.no_grad():
+        logits = model(**batch).logits.float()
+    multi = getattr(model.config, "problem_type", None) == "multi_label_classification"
+    return {"probs": (torch.sigmoid(logits) if multi else torch.softmax(logits, dim=1)).numpy()}
+
+
+def compute(ref: ReferenceModel, texts: list[str], pairs: list[str] | None = None) -> dict[str, np.ndarray]:
+    """The reference outputs of these rows: `embedding` (N, D), `score` (N, 1) or `probs` (N, C)."""
+    if ref.task == "embed":
+        return {"embedding": _embed(ref, texts)}
+    return _heads(ref, texts, pairs)
