@@ -133,12 +133,3 @@ def build(spec: ModuleSpec, allow_pickle: bool = False) -> nn.Module:
         raise ModelLoadError(f"{spec.path}: the {spec.kind} module's config lacks {e}") from e
     _load_weights(module, spec, allow_pickle)
     return module.eval()
-
-
-def output_size(spec: ModuleSpec, size: int) -> int:
-    """The embedding size after `spec`, from its config (no weights read)."""
-    if spec.kind == "Dense":
-        if int(spec.config.get("in_features", size)) != size:
-            raise ModelLoadError(f"{spec.path}: Dense takes {spec.config['in_features']} dimensions, gets {size}")
-        return int(spec.config["out_features"])
-    return size

@@ -204,3 +204,22 @@ def read_pipeline(model_dir: Path, route: str | None = None) -> Pipeline:
         include_prompt=include_prompt, post=tuple(rest), route=chosen, prompts=prompts,
         default_prompt_name=st.get("default_prompt_name"), activation=activation,
     )
+
+
+def model_limit(pipeline: Pipeline, tokenizer_max: int | None, positions: int | None) -> int:
+    """The longest sequence the model takes: sentence-transformers' max_seq_length, else
+    the tokenizer's, capped by the usable positions (512 when nothing says)."""
+    st_limit = None if "model_max_length" in pipeline.tokenizer_kwargs else pipeline.max_seq_length
+    limits = [st_limit] if st_limit else [v for v in (tokenizer_max,) if v and v < 1e6]
+    if positions:
+        limits.append(positions)
+    return min(limits) if limits else 512
+
+
+def output_size(spec: ModuleSpec, size: int) -> int:
+    """The embedding size after `spec`, from its config (no weights read)."""
+    if spec.kind == "Dense":
+        if int(spec.config.get("in_features", size)) != size:
+            raise ModelLoadError(f"{spec.path}: Dense takes {spec.config['in_features']} dimensions, gets {size}")
+        return int(spec.config["out_features"])
+    return size

@@ -19,7 +19,7 @@ from states.interface import ModelState, Pack
 from states.loading import DTYPES, check_model_dir, check_weights, fingerprint, load_model, load_tokenizer
 from states.options import COMPILE_CHOICES, Execution, ModelOptions
 from states.packed import position_offset
-from states.pipeline import Pipeline, read_pipeline
+from states.pipeline import Pipeline, model_limit, read_pipeline
 from states.pooling import check_mode, finish, pool
 from states.quantization import calibration_ranges
 from states.routing import init_model_state
@@ -39,16 +39,6 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     if dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r}; choose one of {['auto', *DTYPES]}")
     return DTYPES[dtype]
-
-
-def model_limit(pipeline: Pipeline, tokenizer_max: int | None, positions: int | None) -> int:
-    """The longest sequence the model takes: sentence-transformers' max_seq_length, else
-    the tokenizer's, capped by the usable positions (512 when nothing says)."""
-    st_limit = None if "model_max_length" in pipeline.tokenizer_kwargs else pipeline.max_seq_length
-    limits = [st_limit] if st_limit else [v for v in (tokenizer_max,) if v and v < 1e6]
-    if positions:
-        limits.append(positions)
-    return min(limits) if limits else 512
 
 
 def _max_length(pipeline: Pipeline, tokenizer, state: ModelState, requested: int | None) -> int:
