@@ -45,7 +45,7 @@ class Outcome:
 
 def identity(spec: JobSpec, files: list, units: list[Unit]) -> dict:
     """What makes an output directory this job's: a resume must match it exactly."""
-    model_dir = check_model_dir(spec.model, spec.allow_pickle)
+    model_dir = check_model_dir(spec.model, spec.allow_pickle, spec.revision)
     return {"pooljobs_version": VERSION, "options": spec.fingerprint_fields(), "model_sha256": fingerprint(model_dir),
             "input": spec.inputs, "input_sha256": input_fingerprint(files), "units": [u.name for u in units]}
 

@@ -194,7 +194,7 @@ def _reference_check(spec: JobSpec, job: dict, provenance: dict, units: list[Uni
     disagreement (another model, other dimensions, values) is a problem on `result`.
     `positions[unit][i]` is the unit's input row of shard row i."""
     from states.errors import ModelLoadError
-    from states.loading import check_model_dir, fingerprint
+    from states.files import check_model_dir, fingerprint
     from states.reference import ReferenceModel, compute
 
     try:
