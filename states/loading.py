@@ -30,7 +30,7 @@ def _missing(info: dict, task: Task) -> list[str]:
     missing = sorted(set(info.get("missing_keys") or ()) | {str(k[0]) if isinstance(k, tuple) else str(k)
                                                             for k in info.get("mismatched_keys") or ()})
     if task == "embed":
-        missing = [k for k in missing if not k.split(".")[0] == "pooler" and ".pooler." not in f".{k}"]
+        missing = [k for k in missing if "pooler" not in k.split(".")[:2]]
     return missing
 
 

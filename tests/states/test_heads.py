@@ -96,3 +96,17 @@ def test_missing_encoder_weights_refused_for_embed(tiny_model, tmp_path):
     save_file(weights, path / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(ModelLoadError, match=f"task 'embed' needs weights .*{name.split('.', 1)[-1]}"):
         Runtime(ModelOptions(model=str(path), device="cpu"))
+
+
+
+def test_missing_pooler_is_harmless_only_for_embeddings(tiny_model, tmp_path):
+    """An embedding forward takes the last hidden state; a classification head reads the pooler."""
+    from safetensors.torch import load_file, save_file
+
+    path = shutil.copytree(tiny_model("bert", "classify"), tmp_path / "m")
+    weights = load_file(path / "model.safetensors")
+    save_file({k: v for k, v in weights.items() if ".pooler." not in k}, path / "model.safetensors",
+              metadata={"format": "pt"})
+    Runtime(ModelOptions(model=str(path), device="cpu"))
+    with pytest.raises(ModelLoadError, match=r"task 'classify' needs weights .*bert\.pooler\.dense\.bias"):
+        Runtime(ModelOptions(model=str(path), task="classify", device="cpu"))
