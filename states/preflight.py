@@ -11,7 +11,6 @@ exactly (`states.runtime.Runtime`); this is the early, approximate half for the 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
