@@ -31,6 +31,29 @@ def resolve(uri: str, options: dict | None = None) -> tuple[pafs.FileSystem, str
     return pafs.LocalFileSystem(), str(Path(uri).absolute())
 
 
+class FileSystems:
+    """`resolve` for many URIs with one filesystem object per store (scheme and bucket),
+    shared by every path on it: a filesystem per file costs a client (and, on S3, its
+    credential lookup) each time."""
+
+    def __init__(self, options: dict | None = None) -> None:
+        self.options = options
+        self._cache: dict[tuple[str, str], pafs.FileSystem] = {}
+
+    def resolve(self, uri: str) -> tuple[pafs.FileSystem, str]:
+        scheme = remote_scheme(uri)
+        if scheme not in (None, *_SCHEMES):  # e.g. hdfs://: paths do not follow the bucket/key form
+            return resolve(uri, self.options)
+        parsed = urlparse(uri)
+        key = (scheme or "", parsed.netloc if scheme else "")
+        if key not in self._cache:
+            self._cache[key], path = resolve(uri, self.options)
+            return self._cache[key], path
+        if scheme is None:
+            return self._cache[key], str(Path(uri).absolute())
+        return self._cache[key], unquote(f"{parsed.netloc}{parsed.path}").rstrip("/")
+
+
 def remote_scheme(uri: str) -> str | None:
     """The URI's filesystem scheme; None for a local path (a one-letter "scheme" is a
     Windows drive)."""
