@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import io
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 import pyarrow as pa
+import pyarrow.csv as pacsv
 import pyarrow.dataset as ds
+import pyarrow.json as pajson
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
@@ -31,6 +34,7 @@ from workers.reader import DATASET_FORMAT, FORMAT_OF_SUFFIX, TEXT_FORMATS, Input
 
 log = logging.getLogger("pooljobs")
 READERS = 32  # footers read at once: planning waits on storage latency, not CPU
+HEAD_BYTES = 1 << 16  # what of the first JSONL/CSV file the id type is inferred from
 NAME_DIGITS = 5  # unit names' minimum digits; more when the listing needs them, so names sort in input order
 
 
@@ -165,20 +169,33 @@ def _layouts(spec: JobSpec, files: list[InputFile]) -> list[tuple[pa.Schema, lis
 
 def read_types(spec: JobSpec, first: InputFile, layout) -> pa.Schema:
     """The types JSONL/CSV columns are read as: text columns as strings, the id column as
-    it is in the first input file (string when that cannot be read or lacks it)."""
+    it is in the first input file (string when that cannot be told or lacks it)."""
     fields = [pa.field(c, pa.string()) for c in (spec.text_column, spec.pair_column) if c]
     if spec.id_column and spec.id_column not in (spec.text_column, spec.pair_column):
-        kind = pa.string()
         try:
-            schema = layout[0] if isinstance(layout, tuple) else _layout(*storage.resolve(first.uri, spec.storage_options),
-                                                                         first.format)[0]
-            if spec.id_column in schema.names:
-                kind = schema.field(spec.id_column).type
-                kind = kind.value_type if pa.types.is_dictionary(kind) else kind
+            schema = layout[0] if isinstance(layout, tuple) else _head_schema(first, spec.storage_options)
         except (OSError, pa.ArrowException):
-            pass
-        fields.append(pa.field(spec.id_column, kind))
+            schema = pa.schema([])
+        kind = schema.field(spec.id_column).type if spec.id_column in schema.names else pa.string()
+        fields.append(pa.field(spec.id_column, kind.value_type if pa.types.is_dictionary(kind) else kind))
     return pa.schema(fields)
+
+
+def _head_schema(f: InputFile, options: dict) -> pa.Schema:
+    """The types Arrow infers from a JSONL/CSV file's first lines (its first 64 KiB, or
+    its first record when those hold a bad line); an empty schema when it cannot tell."""
+    fs, path = storage.resolve(f.uri, options)
+    with fs.open_input_file(path) as fh:
+        head = fh.read(HEAD_BYTES)
+    lines = head.split(b"\n")[:-1] if len(head) == HEAD_BYTES else head.split(b"\n")
+    lines = [line for line in lines if line.strip()]
+    for take in (len(lines), 2 if f.format == "csv" else 1):
+        try:
+            data = io.BytesIO(b"\n".join(lines[:take]) + b"\n")
+            return (pajson.read_json(data) if f.format == "jsonl" else pacsv.read_csv(data)).schema
+        except pa.ArrowInvalid:
+            continue
+    return pa.schema([])
 
 
 def _spans(row_groups: list[int], unit_rows: int) -> list[tuple[int, int, tuple[int, ...]]]:

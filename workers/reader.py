@@ -143,8 +143,12 @@ def _typed(value, field: pa.Field):
     """`value` as `field`'s type, or a ValueError naming the field."""
     if value is None:
         return None
-    if pa.types.is_string(field.type) and not isinstance(value, str):
-        raise ValueError(f"{field.name!r} is a JSON {type(value).__name__}, not a string")
+    if pa.types.is_string(field.type):
+        if isinstance(value, (bool, int, float)):  # a number named as text (or id) is its JSON text
+            return json.dumps(value)
+        if not isinstance(value, str):
+            raise ValueError(f"{field.name!r} is a JSON {type(value).__name__}, not a string")
+        return value
     try:
         return pa.array([value], type=field.type)[0].as_py()
     except (pa.ArrowException, TypeError, ValueError, OverflowError):
