@@ -229,12 +229,16 @@ class Manifest:
         for f in pending:
             f.result()
 
-    def iter_records(self) -> Iterator[dict]:
-        """Every commit record, in unit name order, read one at a time."""
+    def records(self) -> Iterator[tuple[pafs.FileInfo, dict]]:
+        """(file, commit record) of every committed unit, in unit name order, read one at a time."""
         for entry in self._entries(MANIFEST_DIR):
             if entry.is_file and entry.base_name.endswith(".json") and not entry.base_name.startswith("."):
                 with self.fs.open_input_stream(entry.path) as f:
-                    yield json.loads(f.read().decode())
+                    yield entry, json.loads(f.read().decode())
+
+    def iter_records(self) -> Iterator[dict]:
+        """Every commit record, in unit name order, read one at a time (for reports)."""
+        return (record for _, record in self.records())
 
     def committed(self) -> dict[str, dict]:
         """Commit records by unit name (all in memory: for checks, not for resuming)."""
