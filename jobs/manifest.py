@@ -34,7 +34,7 @@ import socket
 import time
 import uuid
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -67,7 +67,8 @@ class Manifest:
         self.fs, self.path = storage.resolve(uri, self.storage_options)
         self._token: str | None = None
         self._pool: ThreadPoolExecutor | None = None
-        self._pending: list[Future] = []
+        self._pending: set[Future] = set()
+        self._errors: list[BaseException] = []
 
     # -- files ------------------------------------------------------------------------
     def _p(self, *parts: str) -> str:
@@ -214,20 +215,26 @@ class Manifest:
                 if e.is_file and e.base_name.endswith(".json") and not e.base_name.startswith(".")}
 
     def commit(self, record: dict) -> None:
-        """Queue the commit record of a stored shard; it counts once stored (`flush`)."""
+        """Queue the commit record of a stored shard; it counts once stored (`flush`).
+        A failed put is raised by the next `commit` or `flush`."""
+        if self._errors:
+            raise self._errors[0]
         if self._pool is None:
             self._pool = ThreadPoolExecutor(COMMIT_THREADS, thread_name_prefix="commit")
-        done = [f for f in self._pending if f.done()]
-        for f in done:
-            f.result()  # a failed put surfaces at the next commit
-        self._pending = [f for f in self._pending if not f.done()]
-        self._pending.append(self._pool.submit(self._put_json, record, MANIFEST_DIR, f"{record['name']}.json"))
+        future = self._pool.submit(self._put_json, record, MANIFEST_DIR, f"{record['name']}.json")
+        self._pending.add(future)
+        future.add_done_callback(self._stored)
+
+    def _stored(self, future: Future) -> None:
+        self._pending.discard(future)
+        if future.exception() is not None:
+            self._errors.append(future.exception())
 
     def flush(self) -> None:
         """Wait until every queued record is stored; raises the first failure."""
-        pending, self._pending = self._pending, []
-        for f in pending:
-            f.result()
+        wait(list(self._pending))
+        if self._errors:
+            raise self._errors[0]
 
     def records(self) -> Iterator[tuple[pafs.FileInfo, dict]]:
         """(file, commit record) of every committed unit, in unit name order, read one at a time."""

@@ -33,7 +33,9 @@ from workers import storage
 from workers.reader import DATASET_FORMAT, FORMAT_OF_SUFFIX, TEXT_FORMATS, InputError, Unit, check_text_types
 
 log = logging.getLogger("pooljobs")
-READERS = 32  # footers read at once: planning waits on storage latency, not CPU
+READERS = 32  # object stores: footers read at once (planning waits on latency, not CPU)
+LOCAL_READERS = 2  # local disks: footers are CPU work once cached
+CHUNK = 64  # files per task: a future per file costs as much as reading a cached footer
 HEAD_BYTES = 1 << 16  # what of the first JSONL/CSV file the id type is inferred from
 NAME_DIGITS = 5  # unit names' minimum digits; more when the listing needs them, so names sort in input order
 
@@ -121,8 +123,7 @@ def list_inputs(spec: JobSpec) -> list[InputFile]:
         if info.type == pafs.FileType.File:
             candidates = [(path, info.size, info.mtime_ns)]
         elif storage.is_local(fs):
-            candidates = [(p, size, mtime) for p, size, mtime in _local_files(path, output)
-                          if not _under(os.path.realpath(p), output)]
+            candidates = _local_files(path, output)
         else:
             candidates = [(i.path, i.size, i.mtime_ns) for i in fs.get_file_info(pafs.FileSelector(path, recursive=True))
                           if i.is_file and not _hidden(i.path, path) and not _under(i.path, output)]
@@ -144,15 +145,15 @@ def list_inputs(spec: JobSpec) -> list[InputFile]:
 def _layout(fs: pafs.FileSystem, path: str, fmt: str) -> tuple[pa.Schema, list[int] | None]:
     """(schema, rows per row group), the latter None for formats without row groups."""
     if fmt == "parquet":
-        with fs.open_input_file(path) as fh:
-            meta = pq.ParquetFile(fh).metadata
+        meta = pq.read_metadata(path, filesystem=fs)
         return meta.schema.to_arrow_schema(), [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
     return ds.dataset(path, format=DATASET_FORMAT[fmt], filesystem=fs).schema, None
 
 
-def _layouts(spec: JobSpec, files: list[InputFile]) -> list[tuple[pa.Schema, list[int] | None] | Exception]:
-    """Each Parquet/IPC file's layout (or the error reading it), footers read in parallel;
-    JSONL/CSV files have none to read (they are read with the job's schema, `read_types`)."""
+def _layouts(spec: JobSpec, files: list[InputFile]) -> list[tuple[pa.Schema, list[int] | None] | Exception | None]:
+    """Each Parquet/IPC file's layout (or the error reading it), footers read in parallel,
+    in chunks of `CHUNK` files a task; JSONL/CSV files have none to read (they are read
+    with the job's schema, `read_types`)."""
     filesystems = storage.FileSystems(spec.storage_options)
 
     def one(f: InputFile):
@@ -163,8 +164,10 @@ def _layouts(spec: JobSpec, files: list[InputFile]) -> list[tuple[pa.Schema, lis
         except (OSError, pa.ArrowException) as e:
             return e
 
-    with ThreadPoolExecutor(min(READERS, max(1, len(files)))) as pool:
-        return list(pool.map(one, files))
+    chunks = [files[i : i + CHUNK] for i in range(0, len(files), CHUNK)]
+    local = all(not storage.remote_scheme(f.uri) for f in files)
+    with ThreadPoolExecutor(min(LOCAL_READERS if local else READERS, max(1, len(chunks)))) as pool:
+        return [layout for chunk in pool.map(lambda c: [one(f) for f in c], chunks) for layout in chunk]
 
 
 def read_types(spec: JobSpec, first: InputFile, layout) -> pa.Schema:

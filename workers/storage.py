@@ -20,6 +20,8 @@ def resolve(uri: str, options: dict | None = None) -> tuple[pafs.FileSystem, str
     scheme = urlparse(uri).scheme
     if scheme in _SCHEMES and options:
         parsed = urlparse(uri)
+        if scheme == "s3":  # a small object then goes in one PUT, not a three-request multipart upload
+            options = {"allow_delayed_open": True, **options}
         try:
             fs = _SCHEMES[scheme](**options)
         except TypeError as e:  # an unknown or mistyped option: say which filesystem took it
@@ -41,6 +43,10 @@ class FileSystems:
         self._cache: dict[tuple[str, str], pafs.FileSystem] = {}
 
     def resolve(self, uri: str) -> tuple[pafs.FileSystem, str]:
+        if uri.startswith("/"):  # an absolute local path, as listings hold them
+            if ("", "") not in self._cache:
+                self._cache["", ""] = pafs.LocalFileSystem()
+            return self._cache["", ""], uri
         scheme = remote_scheme(uri)
         if scheme not in (None, *_SCHEMES):  # e.g. hdfs://: paths do not follow the bucket/key form
             return resolve(uri, self.options)
