@@ -42,7 +42,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from jobs.manifest import ERRORS_DIR
+from jobs.manifest import DATA_DIR, ERRORS_DIR
 from jobs.spec import JobSpec, SpecError
 from workers import storage
 from workers.reader import InputError
@@ -201,9 +201,9 @@ def _connect(address: str | None, staging: str | None) -> None:
                         "temp dir; pass staging= a URI they all reach (s3://bucket/tmp, gs://..., a shared mount)")
 
 
-def _parts(fs: pafs.FileSystem, path: str, sub: str | None = None) -> list[str]:
-    """Paths of the `part-*.parquet` files in `path` (or its `sub` folder), in name order."""
-    entries = storage.list_dir(fs, storage.join(path, sub) if sub else path)
+def _parts(fs: pafs.FileSystem, path: str, sub: str = DATA_DIR) -> list[str]:
+    """Paths of the `part-*.parquet` files in `path`'s `sub` folder (the shards'), in name order."""
+    entries = storage.list_dir(fs, storage.join(path, sub))
     return [e.path for e in entries if e.is_file and e.base_name.startswith("part-") and e.base_name.endswith(".parquet")]
 
 

@@ -1,7 +1,9 @@
 """The output directory's bookkeeping: ownership, job identity, committed shards, success.
 
-Layout under OUT:
-  part-FFFFF-UUUUU.parquet   one shard per unit (written by workers, atomically)
+Layout under OUT (the shards alone in `data/`, so `pl.scan_parquet("OUT/data")`,
+DuckDB's `read_parquet('OUT/data/*.parquet')` and pyarrow's `dataset("OUT")` read them
+directly; every other file is `_`-prefixed):
+  data/part-FFFFF-UUUUU.parquet  one shard per unit (written by workers, atomically)
   _errors/part-....parquet   quarantined rows of that unit, with reasons
   _manifest/part-....json    the commit record of a shard (rows, checksum, schema, timings)
   _job.json                  what produced this directory (options, model and input hashes);
@@ -42,6 +44,7 @@ import pyarrow.fs as pafs
 from workers import storage
 
 JOB_FILE, SUCCESS, REPORT, MANIFEST_DIR, ERRORS_DIR = "_job.json", "_SUCCESS", "_report.json", "_manifest", "_errors"
+DATA_DIR = "data"  # the shards: OUT/data/<unit>.parquet; quarantined rows: OUT/_errors/<unit>.parquet
 CLAIM = "_claim.json"
 CLAIM_SETTLE_S = 1.0  # object stores: how long a claim waits before reading itself back
 COMMIT_THREADS = 8  # record puts in flight (object stores: latency-bound)
@@ -123,6 +126,11 @@ class Manifest:
                         f"{self.uri} is not empty and was not written by pooljobs (no {JOB_FILE}; it holds "
                         f"{', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); choose an empty or new output "
                         "directory (--overwrite replaces only pooljobs output)")
+            elif not overwrite and any(e.is_file and SHARD_NAME.fullmatch(e.base_name) for e in self._entries()):
+                raise OutputConflictError(
+                    f"{self.uri} holds shards in an earlier pooljobs layout (OUT/part-*.parquet); move them "
+                    f"to OUT/{DATA_DIR}/ (mkdir OUT/{DATA_DIR} && mv OUT/part-*.parquet OUT/{DATA_DIR}/) to resume, "
+                    "or pass --overwrite to replace them")
             elif existing != identity:
                 if not overwrite and self.committed_names():
                     raise OutputConflictError(
@@ -191,7 +199,8 @@ class Manifest:
         files) from a directory carrying its marker; leave anything else."""
         assert self.job() is not None, "only a directory pooljobs wrote is cleared"
         self._remove_temp_files()
-        for sub, keep in ((MANIFEST_DIR, lambda n: n.endswith(".json")), (ERRORS_DIR, SHARD_NAME.fullmatch)):
+        for sub, keep in ((MANIFEST_DIR, lambda n: n.endswith(".json")), (ERRORS_DIR, SHARD_NAME.fullmatch),
+                          (DATA_DIR, SHARD_NAME.fullmatch)):
             for entry in self._entries(sub):
                 if entry.is_file and keep(entry.base_name):
                     self.fs.delete_file(entry.path)
@@ -203,7 +212,7 @@ class Manifest:
 
     def _remove_temp_files(self) -> None:
         """Temp files of shards, records or quarantine files a killed job left behind."""
-        for sub in ((), (ERRORS_DIR,), (MANIFEST_DIR,)):
+        for sub in ((), (DATA_DIR,), (ERRORS_DIR,), (MANIFEST_DIR,)):
             for entry in self._entries(*sub):
                 if entry.is_file and TEMP_NAME.fullmatch(entry.base_name):
                     self.fs.delete_file(entry.path)

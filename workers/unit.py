@@ -345,7 +345,7 @@ class UnitRunner:
             feed = self._feeds.submit(self._feed, unit, queue, clock)  # tokenizing runs ahead of the device
             turn, done = self._last_turn, threading.Event()
             self._last_turn = done
-        shard = ShardWriter(storage.join(self._out(), f"{unit.name}.parquet"), spec.storage_options)
+        shard = ShardWriter(storage.join(self._out(), "data", f"{unit.name}.parquet"), spec.storage_options)
         parts: list[Future] = []
         try:
             rejected, tokens, padded, truncated = self._launch_groups(turn, done, _Stream(queue), shard, feed, parts, clock)

@@ -44,7 +44,7 @@ def test_second_writer_is_refused_and_writes_nothing(make_spec, single_thread, s
     with pytest.raises(OutputConflictError, match=rf"being written by another pooljobs job \(host {socket.gethostname()}, "
                                                   rf"pid {os.getpid()}.*delete .*{CLAIM}"):
         run_job(_spec(make_spec, small, out))
-    assert not list(out.glob("part-*")) and json.loads((out / "_job.json").read_text()) == {"job": "another"}
+    assert not list(out.glob("data/part-*")) and json.loads((out / "_job.json").read_text()) == {"job": "another"}
     holder.close()
     assert not (out / CLAIM).exists()
     assert run_job(_spec(make_spec, small, out)).ok  # the holder committed nothing: its output locks nothing
@@ -72,7 +72,7 @@ def test_overwrite_removes_only_pooljobs_files(make_spec, single_thread, small, 
     assert outcome.ok and outcome.report["units_run_now"] == 4
     assert (out / "notes.txt").read_text() == "mine" and (out / "_manifest" / "README").exists()
     assert (out / "part-mine.parquet").exists()
-    assert pq.read_schema(out / "part-00000-00000.parquet").field("embedding").type.list_size == 16
+    assert pq.read_schema(out / "data" / "part-00000-00000.parquet").field("embedding").type.list_size == 16
 
 
 def test_foreign_directory_is_refused_even_with_overwrite(make_spec, small, tmp_path):
@@ -98,7 +98,7 @@ def test_a_job_that_committed_nothing_locks_nothing(make_spec, single_thread, sm
 def test_temp_files_of_an_aborted_shard_are_removed(make_spec, single_thread, small, tmp_path):
     out = tmp_path / "out"
     assert run_job(_spec(make_spec, small, out)).ok
-    debris = [out / f".part-00000-00001.parquet.{'a' * 32}.tmp", out / "_errors" / f".part-00000-00000.parquet.{'b' * 32}.tmp"]
+    debris = [out / "data" / f".part-00000-00001.parquet.{'a' * 32}.tmp", out / "_errors" / f".part-00000-00000.parquet.{'b' * 32}.tmp"]
     (out / "_errors").mkdir()
     for path in debris:
         path.write_bytes(b"x" * 100)
@@ -126,3 +126,29 @@ def test_changed_input_of_the_same_size_is_refused_not_served_stale(make_spec, s
     assert path.stat().st_size == before.st_size
     with pytest.raises(OutputConflictError, match=r"differs in: input_sha256\)"):
         run_job(_spec(make_spec, small, out))
+
+
+def test_shards_alone_in_data_read_by_polars_and_duckdb(make_spec, single_thread, small, tmp_path):
+    out = tmp_path / "out"
+    assert run_job(_spec(make_spec, small, out)).ok
+    assert sorted(p.name for p in (out / "data").iterdir()) == [f"part-0000{f}-0000{u}.parquet" for f in (0, 1) for u in (0, 1)]
+    polars = pytest.importorskip("polars")
+    frame = polars.scan_parquet(out / "data").collect()
+    assert frame.height == 12 and sorted(frame["id"].to_list()) == [*range(6), *range(10, 16)]
+    duckdb = pytest.importorskip("duckdb")
+    dim = pq.read_schema(out / "data" / "part-00000-00000.parquet").field("embedding").type.list_size
+    (count, cos), = duckdb.sql(f"SELECT count(*), min(array_cosine_similarity(embedding::FLOAT[{dim}], "
+                               f"embedding::FLOAT[{dim}])) FROM read_parquet('{out}/data/*.parquet')").fetchall()
+    assert count == 12 and cos == pytest.approx(1.0, abs=1e-5)
+
+
+def test_an_output_in_the_earlier_layout_is_named_with_the_move(make_spec, single_thread, small, tmp_path):
+    out = tmp_path / "out"
+    assert run_job(_spec(make_spec, small, out)).ok
+    for shard in (out / "data").iterdir():
+        shard.rename(out / shard.name)
+    with pytest.raises(OutputConflictError, match=r"earlier pooljobs layout.*mv OUT/part-\*.parquet OUT/data/"):
+        run_job(_spec(make_spec, small, out))
+    for shard in out.glob("part-*.parquet"):
+        shard.rename(out / "data" / shard.name)
+    assert run_job(_spec(make_spec, small, out)).report["units_run_now"] == 0

@@ -106,7 +106,7 @@ def test_driver_killed_in_the_middle_of_queued_commits_is_exactly_once(make_spec
     try:
         deadline = time.monotonic() + 300
         while driver.poll() is None and time.monotonic() < deadline:
-            shards = len(list(out.glob("part-*.parquet")))
+            shards = len(list(out.glob("data/part-*.parquet")))
             if count_commits(out) >= 2 and shards > count_commits(out) + 1:
                 break
             time.sleep(0.01)
@@ -114,7 +114,7 @@ def test_driver_killed_in_the_middle_of_queued_commits_is_exactly_once(make_spec
     finally:
         driver.send_signal(signal.SIGKILL)
         driver.wait(timeout=30)
-    committed, stored = count_commits(out), len(list(out.glob("part-*.parquet")))
+    committed, stored = count_commits(out), len(list(out.glob("data/part-*.parquet")))
     assert stored > committed >= 2 and committed < len(reference), (stored, committed)
 
     from jobs.driver import run_job
