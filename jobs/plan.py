@@ -223,10 +223,12 @@ def _spans(row_groups: list[int], unit_rows: int) -> list[tuple[int, int, tuple[
 
 def plan_units(spec: JobSpec, files: list[InputFile]) -> list[Unit]:
     """Parquet files split at row-group boundaries into units of about `unit_rows`; other
-    formats are one unit per file. A text column of a non-text type in a Parquet or IPC
-    file fails here, before any model loads; an unreadable file becomes one unit whose
-    worker reports the error, so it is recorded as failed with the rest of the job still
-    done. Zero-row files (zero-byte JSONL/CSV included) plan no unit."""
+    formats are one unit per file. Consecutive Parquet files smaller than a unit (and of
+    one schema) share a unit, up to `unit_rows`, named after the first. A text column of
+    a non-text type in a Parquet or IPC file fails here, before any model loads; an
+    unreadable file becomes one unit whose worker reports the error, so it is recorded as
+    failed with the rest of the job still done. Zero-row files (zero-byte JSONL/CSV
+    included) plan no unit."""
     text_columns = [c for c in (spec.text_column, spec.pair_column) if c]
     layouts = _layouts(spec, files)
     types = read_types(spec, files[0], layouts[0]) if files else None
@@ -243,15 +245,32 @@ def plan_units(spec: JobSpec, files: list[InputFile]) -> list[Unit]:
             planned.append(_spans(layout[1], spec.unit_rows))
     file_digits = max(NAME_DIGITS, len(str(len(files) - 1)))
     unit_digits = max([NAME_DIGITS] + [len(str(len(p) - 1)) for p in planned if p])
+
+    def small(i: int) -> bool:  # a whole Parquet file of fewer rows than a unit
+        spans = planned[i]
+        return files[i].format == "parquet" and spans is not None and len(spans) == 1 and spans[0][1] < spec.unit_rows
+
     units = []
-    for f_idx, (f, spans) in enumerate(zip(files, planned)):
-        prefix = f"part-{f_idx:0{file_digits}d}"
-        schema = types if f.format in TEXT_FORMATS else None
+    i = 0
+    while i < len(files):
+        f, spans = files[i], planned[i]
+        name = f"part-{i:0{file_digits}d}-{0:0{unit_digits}d}"
         if spans is None:
-            units.append(Unit(f"{prefix}-{0:0{unit_digits}d}", f.uri, f.format, 0, -1, schema=schema))
+            units.append(Unit(name, f.uri, f.format, 0, -1, schema=types if f.format in TEXT_FORMATS else None))
+            i += 1
             continue
-        units += [Unit(f"{prefix}-{u:0{unit_digits}d}", f.uri, f.format, first, rows, groups)
-                  for u, (first, rows, groups) in enumerate(spans)]
+        group, rows = [i], spans[0][1] if spans else 0
+        while small(i) and group[-1] + 1 < len(files) and small(group[-1] + 1) \
+                and layouts[group[-1] + 1][0].equals(layouts[i][0]) and rows + planned[group[-1] + 1][0][1] <= spec.unit_rows:
+            group.append(group[-1] + 1)
+            rows += planned[group[-1]][0][1]
+        if len(group) > 1:  # small files share a unit: per-unit costs are paid once for them all
+            segments = tuple(Unit("", files[k].uri, "parquet", 0, planned[k][0][1], planned[k][0][2]) for k in group[1:])
+            units.append(Unit(name, f.uri, "parquet", 0, rows, spans[0][2], segments=segments))
+        else:
+            units += [Unit(f"part-{i:0{file_digits}d}-{u:0{unit_digits}d}", f.uri, f.format, first, n, groups)
+                      for u, (first, n, groups) in enumerate(spans)]
+        i = group[-1] + 1
     return units
 
 

@@ -19,7 +19,7 @@ import csv
 import io
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
@@ -45,20 +45,39 @@ class InputError(ValueError):
 
 @dataclass(frozen=True)
 class Unit:
-    """A slice of one input file that becomes one output shard."""
+    """A slice of one input file, or several whole small Parquet files in input order
+    (`segments`), that becomes one output shard. The fields describe the first file;
+    `num_rows` counts the whole unit."""
 
     name: str  # shard name, derived from positions in the sorted input listing only
-    uri: str  # the input file
+    uri: str  # the (first) input file
     format: str  # parquet | ipc | jsonl | csv
     row_offset: int  # index of the unit's first row within the file
     num_rows: int  # rows in the unit (-1: the whole file, counted when read)
     row_groups: tuple[int, ...] = ()  # parquet row groups; empty for other formats
     schema: pa.Schema | None = None  # JSONL/CSV: the types columns are read as (absent ones: string)
+    segments: tuple[Unit, ...] = ()  # further whole files of a unit of small files (each with its rows)
+
+    def files(self) -> tuple[Unit, ...]:
+        """The unit as single-file pieces, in order (itself when it has no segments)."""
+        if not self.segments:
+            return (self,)
+        first = replace(self, segments=(), num_rows=self.num_rows - sum(s.num_rows for s in self.segments))
+        return (first, *self.segments)
+
+    def locate(self, rows: int) -> list[tuple[str, int]]:
+        """(file, row within the file) of the unit's first `rows` rows."""
+        found: list[tuple[str, int]] = []
+        pieces = self.files()
+        for i, piece in enumerate(pieces):
+            take = rows - len(found) if i == len(pieces) - 1 else min(piece.num_rows, rows - len(found))
+            found += [(piece.uri, r) for r in range(piece.row_offset, piece.row_offset + take)]
+        return found
 
     def row_keys(self, rows: int) -> list[str]:
         """`file#row` keys of the unit's first `rows` rows: the output key without an id
         column, stable for the same input."""
-        return [f"{self.uri}#{r}" for r in range(self.row_offset, self.row_offset + rows)]
+        return [f"{uri}#{row}" for uri, row in self.locate(rows)]
 
 
 def read_unit(unit: Unit, columns: list[str], storage_options: dict | None = None) -> pa.Table:
@@ -68,9 +87,14 @@ def read_unit(unit: Unit, columns: list[str], storage_options: dict | None = Non
 
 def read_unit_parts(unit: Unit, columns: list[str], storage_options: dict | None = None) -> Iterator[pa.Table]:
     """The unit's rows in order: a Parquet unit's in parts of `PART_ROWS` rows (a worker
-    tokenizes each part while it reads the next), other formats' whole. JSONL/CSV tables
-    carry `READ_ERROR` after `columns` when a line could not be read. Raises InputError
-    naming the file on any failure of the file as a whole."""
+    tokenizes each part while it reads the next), other formats' whole, file after file.
+    JSONL/CSV tables carry `READ_ERROR` after `columns` (null where the line was read).
+    Raises InputError naming the file on any failure of a file as a whole."""
+    for piece in unit.files():
+        yield from _read_file(piece, columns, storage_options)
+
+
+def _read_file(unit: Unit, columns: list[str], storage_options: dict | None) -> Iterator[pa.Table]:
     fs, path = storage.resolve(unit.uri, storage_options)
     try:
         if unit.format == "parquet":
@@ -112,7 +136,7 @@ def read_text_format(data: bytes, fmt: str, schema: pa.Schema, uri: str) -> pa.T
     file, line by line (`_json_lines`, `_csv_records`) so only the bad lines are lost.
     An empty file is a table of no rows."""
     if not data.strip():
-        return schema.empty_table()
+        return _table({f.name: [] for f in schema}, [], schema)
     try:
         if fmt == "jsonl":
             options = pajson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
@@ -131,6 +155,8 @@ def read_text_format(data: bytes, fmt: str, schema: pa.Schema, uri: str) -> pa.T
         table = _table(*(_json_lines if fmt == "jsonl" else _csv_records)(data, schema), schema)
     if fmt == "jsonl":
         _check_json_keys(table, data, uri)
+    if READ_ERROR not in table.column_names:
+        table = table.append_column(READ_ERROR, pa.nulls(table.num_rows, pa.string()))
     return table
 
 
@@ -280,7 +306,7 @@ def text_column(table: pa.Table, column: str, uri: str) -> tuple[list[str | None
     A line the reader could not read (`READ_ERROR`) is unusable with the reader's reason.
     """
     texts, reasons = _texts(table.column(column), column, uri)
-    if READ_ERROR in table.column_names:
+    if READ_ERROR in table.column_names and table.column(READ_ERROR).null_count < table.num_rows:
         for row, error in enumerate(table.column(READ_ERROR).to_pylist()):
             if error is not None:
                 texts[row], reasons[row] = None, error

@@ -124,3 +124,34 @@ def test_driver_killed_in_the_middle_of_queued_commits_is_exactly_once(make_spec
         outcome = run_job(spec)
     assert outcome.ok and outcome.report["units_run_now"] == len(reference) - committed
     same_as_reference(out)
+
+
+def test_small_files_share_units_resume_and_quarantine_per_file(make_spec, single_thread, tmp_path):
+    """50 files of 3 rows in units of 40 rows: 4 units of up to 13 files; row keys and
+    quarantine records name each row's own file and row; a lost commit redoes one unit."""
+    src = tmp_path / "in"
+    src.mkdir()
+    for f in range(50):
+        texts = [f"file {f} row {r}" for r in range(3)]
+        if f == 20:
+            texts[1] = None
+        pq.write_table(pa.table({"text": texts}), src / f"f{f:02d}.parquet")
+    spec = make_spec(tmp_path / "out", input=str(src), backend="local", unit_rows=40, id_column=None)
+    units = plan_units(spec, list_inputs(spec))
+    assert [len(u.files()) for u in units] == [13, 13, 13, 11] and [u.num_rows for u in units] == [39, 39, 39, 33]
+    assert [u.name for u in units] == ["part-00000-00000", "part-00013-00000", "part-00026-00000", "part-00039-00000"]
+
+    from jobs.driver import run_job
+
+    outcome = run_job(spec)
+    assert outcome.ok and outcome.report["rows"] == 149 and outcome.report["rows_quarantined"] == 1
+    out = tmp_path / "out"
+    keys = pq.read_table(out / "data", columns=["row_key"]).column("row_key").to_pylist()
+    assert keys == [f"{src / f'f{f:02d}.parquet'}#{r}" for f in range(50) for r in range(3) if (f, r) != (20, 1)]
+    (error,) = pq.read_table(out / "_errors").to_pylist()
+    assert (error["file"], error["row"], error["reason"]) == (str(src / "f20.parquet"), 1, "null text")
+
+    (out / "_manifest" / "part-00013-00000.json").unlink()
+    again = run_job(spec)
+    assert again.ok and again.report["units_run_now"] == 1
+    assert pq.read_table(out / "data", columns=["row_key"]).column("row_key").to_pylist() == keys

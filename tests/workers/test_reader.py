@@ -45,7 +45,8 @@ def test_clean_files_take_arrows_reader_and_other_columns_are_not_read(tmp_path)
     path = tmp_path / "in.jsonl"
     path.write_text("\n".join(json.dumps({"id": i, "text": f"t{i}", "x": [i] if i % 2 else "s"}) for i in range(4)))
     table = _read(path, "jsonl")
-    assert table.column_names == ["text", "id"] and table.column("id").to_pylist() == [0, 1, 2, 3]
+    assert table.column_names == ["text", "id", READ_ERROR] and table.column(READ_ERROR).null_count == 4
+    assert table.column("id").to_pylist() == [0, 1, 2, 3]
 
 
 def test_csv_digit_texts_are_strings_and_bad_records_quarantined(tmp_path):
@@ -65,7 +66,7 @@ def test_clean_csv_of_digits_only(tmp_path):
     path = tmp_path / "in.csv"
     path.write_text("id,text\n1,123\n2,2024-01-01\n3,true\n")
     table = _read(path, "csv")
-    assert READ_ERROR not in table.column_names
+    assert table.column(READ_ERROR).null_count == 3
     assert table.column("text").to_pylist() == ["123", "2024-01-01", "true"]
 
 
@@ -74,7 +75,7 @@ def test_zero_byte_file_is_zero_rows(tmp_path, fmt):
     path = tmp_path / f"empty.{fmt}"
     path.write_bytes(b"")
     table = _read(path, fmt)
-    assert table.num_rows == 0 and table.schema == SCHEMA
+    assert table.num_rows == 0 and table.schema == pa.schema([*SCHEMA, pa.field(READ_ERROR, pa.string())])
 
 
 @pytest.mark.parametrize("fmt, data", [("jsonl", '{"id": 1, "body": "x"}\n'), ("csv", "id,body\n1,x\n"),
