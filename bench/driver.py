@@ -7,7 +7,8 @@ Prints one line per target of issue 22 with its figure and the machine's load:
   * plan on the moto S3 test server (fewer files; the per-file figure scales to 100k);
   * resume with N committed units: what is left, from one listing of `_manifest/`;
   * per-commit cost on the dispatch thread (`Manifest.commit`) and to store the records
-    (`flush`), local disk and moto S3.
+    (`flush`), local disk and moto S3;
+  * a job over many tiny Parquet files against one file of the same rows (tiny BERT, CPU).
 """
 
 from __future__ import annotations
@@ -133,12 +134,38 @@ def bench_resume(root: Path, committed: int) -> None:
     line(f"resume with {committed:,} committed, local (target <= 5 s)", f"{seconds:.2f} s to what is left (one listing)")
 
 
+def bench_small_files(root: Path, files: int, rows_each: int = 3) -> None:
+    """`files` tiny Parquet files against one file of the same rows, tiny BERT on CPU."""
+    import torch
+
+    from jobs.driver import run_job
+    from tests.jobs.fixtures_models import corpus_table, save_tiny_bert
+
+    torch.set_num_threads(1)
+    model = save_tiny_bert(root / "model")
+    table = corpus_table(files * rows_each)
+    (root / "small").mkdir()
+    for f in range(files):
+        pq.write_table(table.slice(f * rows_each, rows_each), root / "small" / f"f{f:05d}.parquet")
+    pq.write_table(table, root / "one.parquet")
+    seconds = {}
+    for name, input in (("one", root / "one.parquet"), ("small", root / "small")):
+        spec = JobSpec(input=str(input), output=str(root / f"out-{name}"), model=str(model), id_column="id",
+                       device="cpu", backend="local", progress=False)
+        t = time.perf_counter()
+        assert run_job(spec).ok
+        seconds[name] = time.perf_counter() - t
+    line(f"{files:,} files of {rows_each} rows vs one file (target <= 2x)",
+         f"{seconds['small']:.1f} s vs {seconds['one']:.1f} s = {seconds['small'] / seconds['one']:.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="bench.driver", description=__doc__.splitlines()[0])
     parser.add_argument("--files", type=int, default=100_000)
     parser.add_argument("--s3-files", type=int, default=2_000)
     parser.add_argument("--committed", type=int, default=100_000)
     parser.add_argument("--commits", type=int, default=2_000)
+    parser.add_argument("--small-files", type=int, default=5_000)
     args = parser.parse_args()
     print(f"bench.driver on {platform.node()} ({platform.processor() or platform.machine()}), {load()}")
     root = Path(tempfile.mkdtemp(prefix="bench-driver-"))
@@ -147,6 +174,7 @@ def main() -> None:
         bench_resume(root, args.committed)
         _commits(Manifest(str(root / "commits")), args.commits, "local disk", "1 ms")
         bench_s3(args.s3_files, args.commits)
+        bench_small_files(root, args.small_files)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
