@@ -31,6 +31,7 @@ next call. `backend="local"` runs in this process without Ray.
 from __future__ import annotations
 
 import hashlib
+import os
 import sys
 import tempfile
 import uuid
@@ -41,7 +42,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from jobs.manifest import ERRORS_DIR
+from jobs.manifest import DATA_DIR, ERRORS_DIR
 from jobs.spec import JobSpec, SpecError
 from workers import storage
 from workers.reader import InputError
@@ -127,6 +128,9 @@ def _run(task: str, data, model, text_column: str, pair_column: str | None, outp
     spec = spec.replace(input=storage.join(root, "input.parquet"), output=output or storage.join(root, "output"))
     try:
         put_atomic(spec.input, staged, spec.storage_options)
+        fs, path = storage.resolve(spec.input, spec.storage_options)
+        if output and storage.is_local(fs):  # named by its content: a fixed mtime keeps the input's fingerprint
+            os.utime(path, ns=(0, 0))
         outcome = run_job(spec)
         if not outcome.ok:
             raise JobFailedError(outcome)
@@ -197,9 +201,9 @@ def _connect(address: str | None, staging: str | None) -> None:
                         "temp dir; pass staging= a URI they all reach (s3://bucket/tmp, gs://..., a shared mount)")
 
 
-def _parts(fs: pafs.FileSystem, path: str, sub: str | None = None) -> list[str]:
-    """Paths of the `part-*.parquet` files in `path` (or its `sub` folder), in name order."""
-    entries = storage.list_dir(fs, storage.join(path, sub) if sub else path)
+def _parts(fs: pafs.FileSystem, path: str, sub: str = DATA_DIR) -> list[str]:
+    """Paths of the `part-*.parquet` files in `path`'s `sub` folder (the shards'), in name order."""
+    entries = storage.list_dir(fs, storage.join(path, sub))
     return [e.path for e in entries if e.is_file and e.base_name.startswith("part-") and e.base_name.endswith(".parquet")]
 
 

@@ -57,27 +57,29 @@ def run_job(spec: JobSpec) -> Outcome:
     manifest = Manifest(spec.output, spec.storage_options)
     job = identity(spec, files, units)
     manifest.prepare(job, spec.overwrite)
-    committed = manifest.committed()
-    todo = [u for u in units if u.name not in committed]
-    progress = Progress(len(todo), spec.progress)
-    failed: dict[str, str] = {}
-    run: dict = {"workers": [], "run_seconds": 0.0}
-
-    def on_result(result: UnitResult) -> None:
-        record = result.to_json()
-        manifest.commit(record)
-        committed[result.name] = record
-        progress.update(result.rows, result.tokens)
-
     try:
-        if todo:
-            runner = _run_local if spec.backend == "local" else _run_ray  # "auto" and "ray" use Ray
-            run = runner(spec, job["model_sha256"], todo, on_result, failed)
+        done = manifest.committed_names()
+        todo = [u for u in units if u.name not in done]
+        progress = Progress(len(todo), spec.progress)
+        failed: dict[str, str] = {}
+        run: dict = {"workers": [], "run_seconds": 0.0}
+
+        def on_result(result: UnitResult) -> None:
+            manifest.commit(result.to_json())
+            progress.update(result.rows, result.tokens)
+
+        try:
+            if todo:
+                runner = _run_local if spec.backend == "local" else _run_ray  # "auto" and "ray" use Ray
+                run = runner(spec, job["model_sha256"], todo, on_result, failed)
+        finally:
+            progress.close()
+            manifest.flush()
+        report = build_report(units, manifest.committed(), failed, time.perf_counter() - t0, [u.name for u in todo])
+        report.update(run)
+        manifest.finish(report, success=not failed)
     finally:
-        progress.close()
-    report = build_report(units, committed, failed, time.perf_counter() - t0, [u.name for u in todo])
-    report.update(run)
-    manifest.finish(report, success=not failed)
+        manifest.close()
     return Outcome(spec.output, report, failed)
 
 

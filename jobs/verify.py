@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from jobs.cli import storage_option
-from jobs.manifest import ERRORS_DIR, Manifest
+from jobs.manifest import DATA_DIR, ERRORS_DIR, Manifest
 from jobs.plan import input_fingerprint, list_inputs, plan_units
 from jobs.spec import JobSpec
 from workers import storage
@@ -144,7 +144,7 @@ def verify(output: str, storage_options: dict | None = None, reference: Referenc
         if record is None:
             result.problems.append(f"{unit.name}: not committed")
             continue
-        data = _read(storage.join(output.rstrip("/"), f"{unit.name}.parquet"), options)
+        data = _read(storage.join(output.rstrip("/"), DATA_DIR, f"{unit.name}.parquet"), options)
         if data is None:
             result.problems.append(f"{unit.name}: committed but the shard is missing")
             continue

@@ -20,6 +20,8 @@ def resolve(uri: str, options: dict | None = None) -> tuple[pafs.FileSystem, str
     scheme = urlparse(uri).scheme
     if scheme in _SCHEMES and options:
         parsed = urlparse(uri)
+        if scheme == "s3":  # a small object then goes in one PUT, not a three-request multipart upload
+            options = {"allow_delayed_open": True, **options}
         try:
             fs = _SCHEMES[scheme](**options)
         except TypeError as e:  # an unknown or mistyped option: say which filesystem took it
@@ -29,6 +31,33 @@ def resolve(uri: str, options: dict | None = None) -> tuple[pafs.FileSystem, str
         fs, path = pafs.FileSystem.from_uri(uri)
         return fs, path.rstrip("/")
     return pafs.LocalFileSystem(), str(Path(uri).absolute())
+
+
+class FileSystems:
+    """`resolve` for many URIs with one filesystem object per store (scheme and bucket),
+    shared by every path on it: a filesystem per file costs a client (and, on S3, its
+    credential lookup) each time."""
+
+    def __init__(self, options: dict | None = None) -> None:
+        self.options = options
+        self._cache: dict[tuple[str, str], pafs.FileSystem] = {}
+
+    def resolve(self, uri: str) -> tuple[pafs.FileSystem, str]:
+        if uri.startswith("/"):  # an absolute local path, as listings hold them
+            if ("", "") not in self._cache:
+                self._cache["", ""] = pafs.LocalFileSystem()
+            return self._cache["", ""], uri
+        scheme = remote_scheme(uri)
+        if scheme not in (None, *_SCHEMES):  # e.g. hdfs://: paths do not follow the bucket/key form
+            return resolve(uri, self.options)
+        parsed = urlparse(uri)
+        key = (scheme or "", parsed.netloc if scheme else "")
+        if key not in self._cache:
+            self._cache[key], path = resolve(uri, self.options)
+            return self._cache[key], path
+        if scheme is None:
+            return self._cache[key], str(Path(uri).absolute())
+        return self._cache[key], unquote(f"{parsed.netloc}{parsed.path}").rstrip("/")
 
 
 def remote_scheme(uri: str) -> str | None:

@@ -345,7 +345,7 @@ class UnitRunner:
             feed = self._feeds.submit(self._feed, unit, queue, clock)  # tokenizing runs ahead of the device
             turn, done = self._last_turn, threading.Event()
             self._last_turn = done
-        shard = ShardWriter(storage.join(self._out(), f"{unit.name}.parquet"), spec.storage_options)
+        shard = ShardWriter(storage.join(self._out(), "data", f"{unit.name}.parquet"), spec.storage_options)
         parts: list[Future] = []
         try:
             rejected, tokens, padded, truncated = self._launch_groups(turn, done, _Stream(queue), shard, feed, parts, clock)
@@ -358,7 +358,8 @@ class UnitRunner:
             bad = {**source.bad, **rejected}
             if bad and spec.on_error == "fail":
                 row = min(bad)
-                raise RowError(f"{unit.uri}: row {unit.row_offset + row}: {bad[row]} (on_error='fail')")
+                uri, file_row = unit.locate(row + 1)[row]
+                raise RowError(f"{uri}: row {file_row}: {bad[row]} (on_error='fail')")
             t = time.perf_counter()
             with record_function("pooljobs.commit"):
                 if bad:
@@ -483,10 +484,11 @@ class UnitRunner:
     def _write_errors(self, unit: Unit, keys: tuple[str, pa.Array], bad: dict[int, str]) -> None:
         rows = sorted(bad)
         key_name, key_values = keys
+        where = unit.locate(rows[-1] + 1)
         table = pa.table({
             key_name: key_values.take(pa.array(rows, type=pa.int64())),
-            "file": pa.array([unit.uri] * len(rows)),
-            "row": pa.array([unit.row_offset + r for r in rows], type=pa.int64()),
+            "file": pa.array([where[r][0] for r in rows]),
+            "row": pa.array([where[r][1] for r in rows], type=pa.int64()),
             "reason": pa.array([bad[r] for r in rows]),
         })
         write_table(storage.join(self._out(), "_errors", f"{unit.name}.parquet"), table, self.spec.storage_options)

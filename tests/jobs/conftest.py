@@ -106,7 +106,7 @@ def single_thread():
 
 def read_shards(out: Path) -> dict[str, pa.Table]:
     """Every shard file of an output directory, by unit name, schema metadata dropped."""
-    return {p.stem: pq.read_table(p).replace_schema_metadata(None) for p in sorted(Path(out).glob("part-*.parquet"))}
+    return {p.stem: pq.read_table(p).replace_schema_metadata(None) for p in sorted(Path(out, "data").glob("part-*.parquet"))}
 
 
 def embeddings(table: pa.Table) -> np.ndarray:

@@ -71,11 +71,11 @@ def free_ports(count: int) -> list[int]:
         return ports
 
 
-def read_shard_table(fs, directory: str) -> pa.Table:
-    """Every `part-*.parquet` under `directory` of the pyarrow filesystem `fs`, in name order."""
+def read_shard_table(fs, output: str) -> pa.Table:
+    """Every shard (`data/part-*.parquet`) of the output `output` of the pyarrow filesystem `fs`, in name order."""
     from pyarrow import fs as pafs
 
-    infos = sorted((i for i in fs.get_file_info(pafs.FileSelector(directory)) if i.base_name.startswith("part-")),
+    infos = sorted((i for i in fs.get_file_info(pafs.FileSelector(f"{output}/data")) if i.base_name.startswith("part-")),
                    key=lambda i: i.base_name)
     tables = []
     for info in infos:

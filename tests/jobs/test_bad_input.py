@@ -101,7 +101,7 @@ def test_fail_policy_names_file_row_and_reason(messy, make_spec, tmp_path):
     outcome = run_job(make_spec(tmp_path / "o", input=str(src), backend="local", on_error="fail"))
     (error,) = outcome.failed.values()
     assert "RowError" in error and "one.parquet: row 1: null text" in error
-    assert not list((tmp_path / "o").glob("part-*.parquet")) and not (tmp_path / "o" / "_errors").exists()
+    assert not list((tmp_path / "o").glob("data/part-*.parquet")) and not (tmp_path / "o" / "_errors").exists()
 
 
 def test_non_text_column_fails_before_model_load(make_spec, tmp_path, monkeypatch):
@@ -150,13 +150,13 @@ def test_oom_splits_the_pack_and_output_is_unchanged(make_spec, tmp_path, monkey
 
     unit = plan_units(spec, list_inputs(spec))[0]
     clean = runner.run(unit)
-    clean_table = pq.read_table(tmp_path / "a" / f"{unit.name}.parquet")
+    clean_table = pq.read_table(tmp_path / "a" / "data" / f"{unit.name}.parquet")
     monkeypatch.setattr(runner.runtime, "compute", flaky)
     split = UnitRunner(spec.replace(output=str(tmp_path / "b")), runner.runtime)  # its own shard
     result = split.run(unit)
     assert calls["oom"] > 0 and split.max_tokens < 4096
     assert result.rows == clean.rows and result.tokens == clean.tokens
-    split_table = pq.read_table(tmp_path / "b" / f"{unit.name}.parquet")
+    split_table = pq.read_table(tmp_path / "b" / "data" / f"{unit.name}.parquet")
     assert split_table.column("id").equals(clean_table.column("id"))
     # Smaller packs change CPU matmul blocking, so values agree to rounding, not bitwise.
     vectors = lambda t: np.stack(t.column("embedding").to_numpy(zero_copy_only=False))  # noqa: E731
@@ -195,7 +195,7 @@ def test_input_values_never_become_paths(make_spec, tmp_path):
     assert run_job(make_spec(out, input=str(src.parent), backend="local")).ok
     written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file() and "in" not in p.parts)
     assert written == ["o/_SUCCESS", "o/_errors/part-00000-00000.parquet", "o/_job.json", "o/_manifest/part-00000-00000.json",
-                       "o/_report.json", "o/part-00000-00000.parquet"]
+                       "o/_report.json", "o/data/part-00000-00000.parquet"]
 
 
 def test_remote_code_and_pickle_refused_by_default(make_spec, tiny_bert, tmp_path):

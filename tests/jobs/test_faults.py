@@ -76,7 +76,7 @@ def test_corrupt_file_fails_its_unit_only(ray_local, text_corpus, tiny_bert, ref
     assert report["units_committed"] == 15
     assert not (out / "_SUCCESS").exists()
     for name, want in reference.items():
-        shard = out / f"{name}.parquet"
+        shard = out / "data" / f"{name}.parquet"
         if name == "part-00001-00002":
             assert not (out / "_manifest" / f"{name}.json").exists()
         else:

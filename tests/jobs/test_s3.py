@@ -122,12 +122,12 @@ def test_s3_job_commits_the_same_shards_as_local_disk(s3, model, local_shards):
     assert outcome.ok, outcome.failed
     assert outcome.report["units_committed"] == outcome.report["units_run_now"] == len(SHARDS)
 
-    expected = {"_SUCCESS", "_job.json", "_report.json", *(f"{n}.parquet" for n in SHARDS),
+    expected = {"_SUCCESS", "_job.json", "_report.json", *(f"data/{n}.parquet" for n in SHARDS),
                 *(f"_manifest/{n}.json" for n in SHARDS)}
     assert names(fs, f"{BUCKET}/out") == expected
     records = Manifest(f"s3://{BUCKET}/out/", options).committed()
     for name, record in records.items():  # the recorded checksum is of exactly the bytes stored
-        with fs.open_input_stream(f"{BUCKET}/out/{name}.parquet") as f:
+        with fs.open_input_stream(f"{BUCKET}/out/data/{name}.parquet") as f:
             data = f.read()
         assert (len(data), hashlib.sha256(data).hexdigest()) == (record["bytes"], record["checksum"])
     assert read_shard_table(fs, f"{BUCKET}/out").equals(local_shards)

@@ -220,7 +220,7 @@ def test_submitted_job_succeeds_with_complete_output(submissions, ray_head, mode
     assert (job.info["status"], job.info["driver_exit_code"]) == ("SUCCEEDED", 0), job.info
 
     out = job.out_dir
-    shards = sorted(p.name for p in out.glob("part-*.parquet"))
+    shards = sorted(p.name for p in out.glob("data/part-*.parquet"))
     assert shards == [f"part-0000{f}-0000{u}.parquet" for f in (0, 1) for u in (0, 1)]
     assert (out / "_SUCCESS").is_file()
     assert sorted(p.name for p in (out / "_manifest").iterdir()) == [s.replace(".parquet", ".json") for s in shards]

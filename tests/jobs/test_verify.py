@@ -111,7 +111,7 @@ def test_sentence_transformers_pipeline_verifies_against_sentence_transformers(t
 
 
 def test_tampered_shard_fails_checksum(output):
-    shard = sorted(output.glob("part-*.parquet"))[3]
+    shard = sorted(output.glob("data/part-*.parquet"))[3]
     table = pq.read_table(shard)
     pq.write_table(table.slice(1), shard)
     result = verify(str(output))
@@ -128,7 +128,7 @@ def test_dropped_row_is_found_even_with_matching_checksum(output):
     import hashlib
     import json
 
-    shard = sorted(output.glob("part-*.parquet"))[0]
+    shard = sorted(output.glob("data/part-*.parquet"))[0]
     table = pq.read_table(shard)
     pq.write_table(table.slice(0, table.num_rows - 1).replace_schema_metadata(table.schema.metadata), shard)
     record_path = output / "_manifest" / f"{shard.stem}.json"
@@ -156,7 +156,7 @@ def test_unit_with_every_row_quarantined_keeps_the_shard_schema(make_spec, tmp_p
     out = tmp_path / "out"
     outcome = run_job(make_spec(out, input=str(data), backend="local"))
     assert outcome.ok and outcome.report["rows_quarantined"] == 2
-    schemas = {pq.read_schema(p).remove_metadata() for p in out.glob("part-*.parquet")}
+    schemas = {pq.read_schema(p).remove_metadata() for p in out.glob("data/part-*.parquet")}
     assert len(schemas) == 1 and "embedding" in next(iter(schemas)).names
     result = verify(str(out))
     assert result.ok, result.problems
