@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import os
 import sys
 import threading
@@ -99,7 +98,7 @@ class Recorder:
         for name, value in constants.items():
             setattr(unit, name, type(value)(settings.get(name, value)))
         fields = {k: type(getattr(spec, k))(v) for k, v in settings.items() if k != "switch" and not k.isupper()}
-        self.runner.spec = dataclasses.replace(spec, **fields)
+        self.runner.spec = spec.replace(**fields)
 
     @contextlib.contextmanager
     def _range(self, name: str):

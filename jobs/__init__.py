@@ -1,17 +1,24 @@
 """pooljobs' notebook API: `jobs.embed`, `jobs.classify`, `jobs.score` (see `jobs.api`).
 
-`jobs.embed` and `jobs.score` are also the CLI modules' names (`python -m jobs.embed`).
-Importing a submodule sets it as an attribute of its package, which would replace the
-function; the package's class below keeps the functions, while the modules stay
-importable through `sys.modules` (`python -m jobs.embed`, `from jobs.embed import ...`).
+The functions load on first use, so `python -m jobs.embed --help` imports none of the
+API's dependencies. `jobs.embed` and `jobs.score` are also the CLI modules' names
+(`python -m jobs.embed`). Importing a submodule sets it as an attribute of its package,
+which would hide the function; the package's class below keeps those names for the
+functions, while the modules stay importable through `sys.modules`.
 """
 
 import sys
 import types
 
-from jobs.api import JobFailedError, classify, embed, score
-
 __all__ = ["JobFailedError", "classify", "embed", "score"]
+
+
+def __getattr__(name: str):
+    if name in __all__:
+        from jobs import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'jobs' has no attribute {name!r}")
 
 
 class _Package(types.ModuleType):

@@ -2,25 +2,44 @@
 
 `--config job.yaml` supplies any option by its field name; flags given on the command
 line override it. Exit codes: 0 all units committed, 1 some units failed (the summary and
-`_report.json` say which), 2 the job could not start (bad option, input or model).
+`_report.json` say which), 2 the job could not start (bad option, input, model, device or
+output directory: one `PROG: error: ...` line, no traceback unless `--debug`), 130
+interrupted (Ctrl-C; the committed units stay, and the same command resumes).
+
+Nothing heavy is imported before the options are valid: the driver (and with it torch)
+loads only once a job is about to run, so `--help` and option errors answer at once.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import difflib
 import json
+import os
 import sys
-from typing import Any, Sequence
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any, Callable, NoReturn, Sequence
 
 import yaml
 
-from jobs.manifest import OutputConflictError
-from jobs.spec import JobSpec, SpecError
-from states.errors import ModelLoadError, UnclassifiedModelError
-from workers.reader import InputError
+from jobs.spec import JobSpec, SpecError, choices, value_type
 
-USER_ERRORS = (SpecError, InputError, ModelLoadError, OutputConflictError, UnclassifiedModelError)
+INTERRUPTED = 130  # what a shell reports for a process ended by SIGINT
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that answers a bad flag in one line, with the nearest flag when there is one."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+    def parse(self, argv: Sequence[str]) -> dict[str, Any]:
+        args, unknown = self.parse_known_args(argv)
+        if unknown:
+            flags = [s for a in self._actions for s in a.option_strings]
+            close = difflib.get_close_matches(unknown[0].partition("=")[0], flags, n=1)
+            self.error(f"unrecognized arguments: {' '.join(unknown)}" + (f"; did you mean {close[0]}?" if close else ""))
+        return vars(args)
 
 
 def storage_option(text: str) -> tuple[str, Any]:
@@ -31,47 +50,131 @@ def storage_option(text: str) -> tuple[str, Any]:
     return key, {"true": True, "false": False}.get(value.lower(), value)
 
 
-def build_parser(prog: str, description: str, tasks: Sequence[str]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description=description, argument_default=argparse.SUPPRESS,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def pooljobs_version() -> str:
+    try:
+        return version("pooljobs")
+    except PackageNotFoundError:
+        return "unknown (not installed; pip install -e .)"
+
+
+def build_parser(prog: str, description: str, tasks: Sequence[str], demo: bool = False) -> Parser:
+    parser = Parser(prog=prog, description=description, argument_default=argparse.SUPPRESS,
+                    formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"{prog} (pooljobs {pooljobs_version()})")
+    if demo:
+        parser.add_argument("--demo", action="store_true",
+                            help="embed the bundled sample corpus with the bundled all-MiniLM-L6-v2 into out/demo")
     parser.add_argument("--config", help="YAML job file; its keys are the option names below (with _), flags override")
-    for f in dataclasses.fields(JobSpec):
-        flag = "--" + f.name.replace("_", "-")
-        help_text = f"{f.metadata['help']} (default: {f.default if f.default is not dataclasses.MISSING else '{}'})"
-        choices = tasks if f.name == "task" else f.metadata.get("choices")
-        if f.name == "input":
+    parser.add_argument("--dry-run", action="store_true",
+                        help="plan and check the job, load the model once, print units, rows, estimated tokens, "
+                             "output schema and model settings, and stop without writing")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error instead of one line")
+    for name, info in JobSpec.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        help_text = f"{info.description} (default: {info.get_default(call_default_factory=True)})"
+        kind, valid = value_type(name), tasks if name == "task" else choices(name)
+        if name == "input":
             parser.add_argument(flag, nargs="+", help=help_text)
-        elif f.name == "storage_options":
+        elif name == "storage_options":
             parser.add_argument("--storage-option", dest="storage_options", action="append", type=storage_option,
                                 metavar="KEY=VALUE", help=help_text)
-        elif f.type in ("bool", "bool | None"):
+        elif kind is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, help=help_text)
-        elif f.type in ("int", "int | None"):
-            parser.add_argument(flag, type=int, choices=choices, help=help_text)
         else:
-            parser.add_argument(flag, choices=choices, help=help_text)
+            parser.add_argument(flag, type=kind, choices=valid, help=help_text)
     return parser
 
 
-def spec_from_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None, defaults: dict) -> JobSpec:
-    args = vars(parser.parse_args(argv))
+def read_config(path: str) -> dict[str, Any]:
+    """A YAML job file's options; a missing or malformed file is a SpecError naming it."""
+    try:
+        with open(path) as f:
+            loaded = yaml.safe_load(f)
+    except OSError as e:
+        raise SpecError(f"--config {path}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise SpecError(f"--config {path}: not valid YAML{where}: {getattr(e, 'problem', None) or e}") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise SpecError(f"--config {path}: a job file is a mapping of option names to values")
+    return {str(k).replace("-", "_"): v for k, v in loaded.items()}
+
+
+def in_submitted_ray_job() -> bool:
+    """Whether this process is the entrypoint of a `ray job submit` (its working directory
+    is then Ray's copy of `--working-dir`, deleted with the job)."""
+    return "RAY_JOB_CONFIG_JSON_ENV_VAR" in os.environ
+
+
+def spec_from_args(args: dict[str, Any], defaults: dict, tasks: Sequence[str], prog: str) -> JobSpec:
+    """The spec from parsed flags over a `--config` file over `defaults`."""
     values = dict(defaults)
     config = args.pop("config", None)
     if config:
-        with open(config) as f:
-            loaded = yaml.safe_load(f) or {}
-        if not isinstance(loaded, dict):
-            raise SpecError(f"{config}: a job file is a mapping of option names to values")
-        values.update({k.replace("-", "_"): v for k, v in loaded.items()})
-        source = config
-    else:
-        source = "options"
+        values.update(read_config(config))
     if "storage_options" in args:
         args["storage_options"] = {**values.get("storage_options", {}), **dict(args["storage_options"])}
     if isinstance(args.get("input"), list) and len(args["input"]) == 1:
         args["input"] = args["input"][0]
     values.update(args)
-    return JobSpec.from_mapping(values, source)
+    output = values.get("output")
+    relative = isinstance(output, str) and "://" not in output and not os.path.isabs(os.path.expanduser(output))
+    if relative and output and in_submitted_ray_job():
+        raise SpecError(f"output={output!r} is relative, and under `ray job submit` the working directory is Ray's "
+                        "temporary copy of --working-dir, deleted with the job; pass an absolute path on the "
+                        "cluster's shared disk or a URI (s3://bucket/out)")
+    spec = JobSpec.from_mapping(values, config)
+    if spec.task not in tasks:
+        raise SpecError(f"task={spec.task!r}: {prog} runs {list(tasks)}")
+    return spec
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """What a user's mistake raises (one line, exit 2); imported only when one happened."""
+    from jobs.manifest import OutputConflictError
+    from states.errors import ModelLoadError, UnclassifiedModelError
+    from workers.reader import InputError
+
+    return SpecError, InputError, ModelLoadError, OutputConflictError, UnclassifiedModelError
+
+
+def committed_units(spec: JobSpec) -> tuple[int, int | None, dict | None]:
+    """(units committed, units the job has or None when unknown, the output's job record)."""
+    from jobs.manifest import Manifest
+
+    manifest = Manifest(spec.output, spec.storage_options)
+    job = manifest.job()
+    return len(manifest.committed()), (len(job["units"]) if job and "units" in job else None), job
+
+
+def resume_line(spec: JobSpec) -> str | None:
+    """"resuming: N of M units committed" or "already complete" when the output holds this
+    job's options over the same input; None for a fresh output (or one --overwrite replaces),
+    and when the output cannot be read: the driver then reports why."""
+    if spec.overwrite:
+        return None
+    try:
+        done, total, job = committed_units(spec)
+    except (OSError, ValueError):
+        return None
+    if job is None or total is None or job.get("options") != spec.fingerprint_fields() or job.get("input") != spec.inputs:
+        return None
+    if done >= total:
+        return f"already complete: all {total} units of {spec.output} are committed; nothing to run"
+    return f"resuming: {done} of {total} units committed"
+
+
+def interrupted_line(spec: JobSpec | None) -> str:
+    if spec is None:
+        return "interrupted"
+    try:
+        done, total, _ = committed_units(spec)
+    except (OSError, ValueError):
+        return "interrupted; rerun the same command to resume"
+    return f"interrupted: {done} of {total if total is not None else '?'} units committed; rerun the same command to resume"
 
 
 def summarize(outcome) -> str:
@@ -80,6 +183,8 @@ def summarize(outcome) -> str:
              f"{r['rows_quarantined']:,} quarantined, {r['rows_truncated']:,} truncated -> {outcome.output}"]
     if r["units_run_now"]:
         lines.append(f"pooljobs: {r['rows_per_s']:,.0f} rows/s, {r['tokens_per_s']:,.0f} tokens/s over {r['wall_seconds']:.1f}s")
+    if r.get("startup"):
+        lines.append("pooljobs: startup " + ", ".join(f"{phase} {seconds:.1f}s" for phase, seconds in r["startup"].items()))
     if r["duplicate_ids_within_units"]:
         lines.append(f"pooljobs: {r['duplicate_ids_within_units']:,} rows repeat an id already seen in their unit "
                      "(all kept; `python -m jobs.verify` counts repeats across the whole output)")
@@ -89,17 +194,38 @@ def summarize(outcome) -> str:
 
 
 def main(prog: str, description: str, tasks: Sequence[str], argv: Sequence[str] | None = None,
-         defaults: dict | None = None) -> int:
-    from jobs.driver import run_job
-
-    parser = build_parser(prog, description, tasks)
+         defaults: dict | None = None, demo: Callable[[], list[str]] | None = None) -> int:
+    """Run the job the arguments describe; returns the exit code. `demo` (for jobs.embed)
+    returns the arguments of the bundled demo, which `--demo` puts before the others."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(prog, description, tasks, demo is not None)
+    args = parser.parse(argv)
+    if args.pop("demo", False):
+        args = parser.parse(demo() + [a for a in argv if a != "--demo"])
+    debug, dry_run = args.pop("debug", False), args.pop("dry_run", False)
+    spec = None
     try:
-        spec = spec_from_args(parser, argv, defaults or {})
-        if spec.task not in tasks:
-            raise SpecError(f"task={spec.task!r}: {prog} runs {list(tasks)}")
+        spec = spec_from_args(args, defaults or {}, tasks, prog)
+        if dry_run:
+            from jobs.dryrun import describe_job
+
+            print(describe_job(spec))
+            return 0
+        line = resume_line(spec)
+        if line:
+            print(f"{prog}: {line}", flush=True)
+        from jobs.driver import run_job
+
         outcome = run_job(spec)
-    except USER_ERRORS as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print(f"{prog}: {interrupted_line(spec)}", file=sys.stderr)
+        return INTERRUPTED
+    except Exception as e:
+        if debug or not isinstance(e, user_errors()):
+            raise
+        print(f"{prog}: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
     print(summarize(outcome))
     if not outcome.ok:

@@ -19,6 +19,7 @@ from typing import Callable
 
 from jobs.manifest import Manifest
 from jobs.plan import input_fingerprint, list_inputs, plan_units
+from jobs.preflight import check_job
 from jobs.progress import Progress
 from jobs.spec import JobSpec
 from states.loading import check_model_dir, fingerprint
@@ -53,7 +54,7 @@ def identity(spec: JobSpec, files: list, units: list[Unit]) -> dict:
 def run_job(spec: JobSpec) -> Outcome:
     t0 = time.perf_counter()
     files = list_inputs(spec)
-    units = plan_units(spec, files)
+    units = check_job(spec, files, plan_units(spec, files))
     manifest = Manifest(spec.output, spec.storage_options)
     job = identity(spec, files, units)
     manifest.prepare(job, spec.overwrite)

@@ -21,7 +21,4 @@ def demo_args(root: str = "out/demo") -> list[str]:
 
 
 if __name__ == "__main__":
-    argv = sys.argv[1:]
-    if argv and argv[0] == "--demo":
-        argv = demo_args() + argv[1:]
-    sys.exit(main("jobs.embed", __doc__.splitlines()[0], ("embed",), argv))
+    sys.exit(main("jobs.embed", __doc__.splitlines()[0], ("embed",), sys.argv[1:], demo=demo_args))

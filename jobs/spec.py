@@ -1,14 +1,27 @@
 """The job spec: one definition behind CLI flags, YAML job files and the notebook API.
 
-Each field's metadata carries its help text; `jobs.cli` turns the fields into flags and
-`JobSpec.from_mapping` validates a YAML mapping with errors that name the key.
+A pydantic model, strict and closed: a YAML `normalize: "false"` or `max_retries: '3'` is
+an error naming the key (never a truthy string), an unknown key is an error that suggests
+the nearest option, and a choice outside its list names the valid ones. Every failure is
+a `SpecError` (a ValueError) with one line a user can act on; the CLI prints it and exits
+2. Each field's `description` is its help text and `choices` its valid values, which
+`jobs.cli` turns into flags. Local `input`, `output` and `model` paths are made absolute
+here, so `_job.json` records where the job really read and wrote.
+
+This module imports no torch: `--help` and option errors answer before anything heavy loads.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
+import difflib
+import os
+import re
+import types
+import typing
+from dataclasses import fields as dataclass_fields
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, ValidationError, field_validator
 
 from states.options import (
     CALIBRATED_DTYPES, COMPILE_CHOICES, DTYPE_NAMES, EXECUTIONS, OUTPUT_DTYPES, POOLING_MODES, TASKS, ModelOptions,
@@ -19,24 +32,29 @@ OVERLONG = ("truncate", "chunk")
 CHUNK_AGGREGATE = ("mean", "none")
 ON_ERROR = ("quarantine", "fail")
 BACKENDS = ("auto", "ray", "local")
+# Names the output shards themselves use: an id column of one of these names would be lost.
+OUTPUT_COLUMNS = ("embedding", "label", "probs", "logits", "score", "chunk", "row_key", "error")
+DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # `org/name`, as sentence-transformers users type models
 
 
 def _f(default: Any, help: str, choices: tuple | None = None) -> Any:
-    meta = {"help": help, "choices": choices}
+    extra = {"choices": choices} if choices else None
     if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata=meta)
-    return field(default=default, metadata=meta)
+        return Field(default_factory=lambda: type(default)(default), description=help, json_schema_extra=extra)
+    return Field(default, description=help, json_schema_extra=extra)
 
 
 class SpecError(ValueError):
     """A job option is invalid; the message names the option."""
 
 
-@dataclass(frozen=True)
-class JobSpec:
+class JobSpec(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
     input: str | list[str] = _f("", "input file, directory, glob or URI (s3://, gs://); a list in YAML")
     output: str = _f("", "output directory or URI for shards, manifest and report")
-    model: str = _f("", "local model directory (transformers / sentence-transformers layout)")
+    model: str = _f("", "model directory (transformers / sentence-transformers layout) or hub id (org/name)")
     task: str = _f("embed", "what to compute", TASKS)
     input_format: str = _f("auto", "input format; auto detects it from the file extension", INPUT_FORMATS)
     text_column: str = _f("text", "column holding the text")
@@ -44,13 +62,13 @@ class JobSpec:
     id_column: str | None = _f(None, "column copied to the output as the row id; default: a stable row key")
     pooling: str = _f("auto", "pooling mode; auto reads the sentence-transformers config", ("auto", *POOLING_MODES))
     normalize: bool | None = _f(None, "L2-normalize embeddings (default: as the model's config says)")
-    dim: int | None = _f(None, "Matryoshka truncation to this many dimensions (renormalized when normalizing)")
+    dim: PositiveInt | None = _f(None, "Matryoshka truncation to this many dimensions (renormalized when normalizing)")
     output_dtype: str = _f("float32", "embedding storage type, as sentence-transformers' quantize_embeddings: "
                            "int8/uint8 (calibrated ranges), ubinary (sign bits 8 per byte), binary (ubinary - 128)",
                            OUTPUT_DTYPES)
-    max_length: int | None = _f(None, "truncate texts to this many tokens (default: the model's limit)")
+    max_length: PositiveInt | None = _f(None, "truncate texts to this many tokens (default: the model's limit)")
     overlong: str = _f("truncate", "texts over max_length: truncate them (counted), or split them into windows", OVERLONG)
-    chunk_stride: int = _f(32, "with overlong=chunk: tokens each window shares with the previous one")
+    chunk_stride: NonNegativeInt = _f(32, "with overlong=chunk: tokens each window shares with the previous one")
     chunk_aggregate: str = _f("mean", "with overlong=chunk: mean the windows' embeddings per row (renormalized), "
                               "or none: one output row per window with a `chunk` index", CHUNK_AGGREGATE)
     prompt_name: str | None = _f(None, "sentence-transformers prompt to prepend (default: the model's default)")
@@ -64,11 +82,13 @@ class JobSpec:
     trust_remote_code: bool = _f(False, "allow the model directory's own Python code to run")
     allow_pickle: bool = _f(False, "allow pickle (.bin) weights, which can run code when loaded")
     on_error: str = _f("quarantine", "bad rows: quarantine them under OUT/_errors or fail the unit", ON_ERROR)
-    unit_rows: int = _f(50_000, "rows per work unit (one output shard each)")
-    window_rows: int = _f(256, "rows tokenized together (one CPU task on GPU workers) and sorted by length before packing")
-    max_tokens: int | None = _f(None, "token budget per forward (default: sized from free device memory)")
-    num_workers: int | None = _f(None, "actors to start (default: one per GPU, or one CPU worker without GPUs)")
-    max_retries: int = _f(3, "times a failing unit is retried before it is recorded as failed")
+    unit_rows: PositiveInt = _f(50_000, "rows per work unit (one output shard each)")
+    limit: PositiveInt | None = _f(None, "try the job on its first N rows: only the units holding them run (whole "
+                                   "Parquet row groups; other formats whole files)")
+    window_rows: PositiveInt = _f(256, "rows tokenized together (one CPU task on GPU workers) and sorted by length before packing")
+    max_tokens: PositiveInt | None = _f(None, "token budget per forward (default: sized from free device memory)")
+    num_workers: PositiveInt | None = _f(None, "actors to start (default: one per GPU, or one CPU worker without GPUs)")
+    max_retries: NonNegativeInt = _f(3, "times a failing unit is retried before it is recorded as failed")
     overwrite: bool = _f(False, "replace an output directory written with other settings or by something else")
     backend: str = _f("auto", "ray (actors), local (in this process), or auto", BACKENDS)
     address: str | None = _f(None, "Ray address (default: the job's cluster, else a local Ray without dashboard)")
@@ -81,25 +101,42 @@ class JobSpec:
     calibration: str | None = _f(None, "int8/uint8 output: a .npy of (2, dim) ranges, or of sample embeddings "
                                  "whose per-dimension min/max become the ranges")
 
-    def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            choices = f.metadata.get("choices")
-            value = getattr(self, f.name)
-            if choices and value is not None and value not in choices:
-                raise SpecError(f"{f.name}={value!r} is not valid; choose one of {list(choices)}")
+    def __init__(self, **values: Any) -> None:
+        try:
+            super().__init__(**values)
+        except ValidationError as e:
+            raise SpecError(describe(e)) from None
+        self._check()
+
+    @field_validator("input", "output")
+    @classmethod
+    def _absolute(cls, value: str | list[str]) -> str | list[str]:
+        if isinstance(value, list):
+            return [absolute(v) for v in value]
+        return absolute(value)
+
+    @field_validator("model")
+    @classmethod
+    def _model_path(cls, value: str) -> str:
+        """A local directory becomes absolute; an `org/name` that is no local path stays a hub id."""
+        local = os.path.expanduser(value)
+        if not os.path.exists(local) and HUB_ID.fullmatch(value):
+            return value
+        return absolute(value)
+
+    def _check(self) -> None:
+        """Rules between fields, after each field has its type."""
         for name in ("input", "output", "model"):
             if not getattr(self, name):
-                raise SpecError(f"{name} is required")
-        for name in ("unit_rows", "window_rows", "max_tokens", "dim", "max_length", "num_workers"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value <= 0):
-                raise SpecError(f"{name}={value!r} must be a positive integer")
+                raise SpecError(f"{name} is required (--{name} or `{name}:` in the job file)")
+        for name in type(self).model_fields:
+            valid, value = choices(name), getattr(self, name)
+            if valid and value is not None and value not in valid:
+                raise SpecError(f"{name}={value!r} is not valid; choose one of {list(valid)}{did_you_mean(value, valid)}")
+        if not DEVICE.fullmatch(self.device):
+            raise SpecError(f"device={self.device!r} is not valid; choose auto, cpu, cuda or cuda:N")
         if self.overlong == "chunk" and self.task != "embed":
             raise SpecError(f"overlong='chunk' works with task 'embed' only (got task {self.task!r})")
-        if self.chunk_stride < 0:
-            raise SpecError(f"chunk_stride={self.chunk_stride} must be >= 0")
-        if self.max_retries < 0:
-            raise SpecError(f"max_retries={self.max_retries} must be >= 0")
         if self.task == "score" and not self.pair_column:
             raise SpecError("task 'score' needs pair_column (the second text of each pair)")
         if self.output_dtype in ("binary", "ubinary") and self.dim is not None and self.dim % 8:
@@ -108,22 +145,25 @@ class JobSpec:
         if self.output_dtype in CALIBRATED_DTYPES and self.calibration is None and self.task == "embed":
             raise SpecError(f"output_dtype {self.output_dtype!r} buckets each dimension's calibrated range into "
                             "256 steps: pass calibration=FILE.npy (the (2, dim) ranges, or sample embeddings)")
+        if self.id_column in OUTPUT_COLUMNS:
+            raise SpecError(f"id_column={self.id_column!r} is a column name the output itself uses "
+                            f"({', '.join(OUTPUT_COLUMNS)}); copy the ids to a column of another name")
 
     @classmethod
-    def from_mapping(cls, values: dict[str, Any], source: str = "job file") -> JobSpec:
-        known = {f.name: f for f in dataclasses.fields(cls)}
-        for key in values:
-            if key not in known:
-                raise SpecError(f"{source}: unknown key {key!r}; valid keys: {sorted(known)}")
-        return cls(**values)
+    def from_mapping(cls, values: dict[str, Any], source: str | None = None) -> JobSpec:
+        """A spec from a mapping of option names (YAML, the notebook API); `source`
+        (a job file's path) prefixes the error message."""
+        try:
+            return cls(**values)
+        except SpecError as e:
+            raise SpecError(f"{source}: {e}" if source else str(e)) from None
 
     def replace(self, **changes: Any) -> JobSpec:
-        return dataclasses.replace(self, **changes)
+        return type(self)(**{**dict(self), **changes})
 
     @property
     def model_options(self) -> ModelOptions:
-        names = {f.name for f in dataclasses.fields(ModelOptions)}
-        return ModelOptions(**{n: getattr(self, n) for n in names})
+        return ModelOptions(**{f.name: getattr(self, f.name) for f in dataclass_fields(ModelOptions)})
 
     @property
     def inputs(self) -> list[str]:
@@ -134,4 +174,57 @@ class JobSpec:
         skip = {"input", "output", "num_workers", "max_retries", "overwrite", "backend", "address",
                 "storage_options", "progress", "max_tokens", "window_rows", "device", "on_error",
                 "compile", "exact_gelu"}
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skip}
+        return {name: getattr(self, name) for name in type(self).model_fields if name not in skip}
+
+
+def choices(name: str) -> tuple | None:
+    """The valid values of option `name`, or None when any value of its type goes."""
+    return (JobSpec.model_fields[name].json_schema_extra or {}).get("choices")
+
+
+def value_type(name: str) -> type:
+    """Option `name`'s value type without None and constraints (`int` for `PositiveInt | None`)."""
+    kind = JobSpec.model_fields[name].annotation
+    args = [a for a in typing.get_args(kind) if a is not type(None)]
+    if typing.get_origin(kind) in (typing.Union, types.UnionType) and len(args) == 1:
+        kind = args[0]
+    if typing.get_origin(kind) is typing.Annotated:
+        kind = typing.get_args(kind)[0]
+    return kind
+
+
+def absolute(path: str) -> str:
+    """A local path made absolute (`~` expanded); URIs (`s3://...`) and "" (missing) unchanged."""
+    return path if not path or "://" in path else os.path.abspath(os.path.expanduser(path))
+
+
+def did_you_mean(value: object, candidates: typing.Iterable[str]) -> str:
+    close = difflib.get_close_matches(str(value), list(candidates), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+_TYPE_NAMES = {"bool_type": "true or false (unquoted in YAML)", "int_type": "an integer", "string_type": "a string",
+               "dict_type": "a mapping", "list_type": "a list", "float_type": "a number"}
+
+
+def describe(error: ValidationError) -> str:
+    """One line for all of a validation's errors, each naming its option and what it takes."""
+    errors: dict[str, list[dict]] = {}  # option -> its errors (a union's members each report one)
+    for e in error.errors():
+        errors.setdefault(str(e["loc"][0]) if e["loc"] else "options", []).append(e)
+    return "; ".join(_describe_option(name, found) for name, found in errors.items())
+
+
+def _describe_option(name: str, errors: list[dict]) -> str:
+    value, kind = errors[0].get("input"), errors[0]["type"]
+    if kind == "extra_forbidden":
+        return f"unknown key {name!r}" + (did_you_mean(name, JobSpec.model_fields)
+                                          or f"; valid keys: {', '.join(JobSpec.model_fields)}")
+    if kind == "greater_than":
+        return f"{name}={value!r} must be a positive integer"
+    if kind == "greater_than_equal":
+        return f"{name}={value!r} must be >= 0"
+    if kind in _TYPE_NAMES:
+        expected = " or ".join(dict.fromkeys(_TYPE_NAMES[e["type"]] for e in errors if e["type"] in _TYPE_NAMES))
+        return f"{name}={value!r} ({type(value).__name__}) must be {expected}"
+    return f"{name}={value!r}: {errors[0]['msg']}"

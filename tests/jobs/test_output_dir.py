@@ -87,10 +87,15 @@ def test_foreign_directory_is_refused_even_with_overwrite(make_spec, small, tmp_
     assert sorted(p.name for p in out.iterdir()) == ["_SUCCESS", "notes.txt", "part-00000-00000.parquet"]
 
 
-def test_a_job_that_committed_nothing_locks_nothing(make_spec, single_thread, small, tmp_path):
+def test_a_job_that_committed_nothing_locks_nothing(make_spec, single_thread, small, tmp_path, monkeypatch):
+    from workers.unit import UnitRunner
+
     out = tmp_path / "out"
-    wrong = run_job(_spec(make_spec, small, out, text_column="body"))  # every unit fails: no such column
+    run = UnitRunner.run
+    monkeypatch.setattr(UnitRunner, "run", lambda self, unit: (_ for _ in ()).throw(OSError("disk gone")))
+    wrong = run_job(_spec(make_spec, small, out, normalize=True))  # every unit fails
     assert len(wrong.failed) == 4
+    monkeypatch.setattr(UnitRunner, "run", run)
     outcome = run_job(_spec(make_spec, small, out))  # other settings, no --overwrite
     assert outcome.ok and outcome.report["units_committed"] == 4
 

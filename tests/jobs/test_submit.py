@@ -2,9 +2,9 @@
 
 The head runs on ports picked free on this host and in its own temp dir, so it never
 meets another Ray on the machine; the test stops exactly the processes it started
-(`ray stop` would stop every Ray on the host). Two jobs run at once, one CPU each: one
-must end SUCCEEDED with complete output, one (a missing text column) FAILED with the
-driver's exit code 1.
+(`ray stop` would stop every Ray on the host). Three jobs run at once, one CPU each: one
+must end SUCCEEDED with complete output; one with a missing text column and one with a
+relative `--output` FAILED with the driver's exit code 2, refused before they start.
 
 Auth: token auth stays on, as it is by default in this Ray and on a real cluster. Ray
 maps a loopback --node-ip-address to the host's routable address, so the GCS and raylet
@@ -179,7 +179,8 @@ def corpus(tmp_path_factory) -> Path:
 def submissions(ray_head, model, corpus, tmp_path_factory) -> dict[str, Submission]:
     """Submit both jobs at once and wait for `ray job submit` to return for each."""
     root = tmp_path_factory.mktemp("submit-out")
-    jobs = {"good": [], "bad": ["--text-column", "body"]}  # the corpus has no column 'body'
+    jobs = {"good": [], "bad": ["--text-column", "body"],  # the corpus has no column 'body'
+            "relative": ["--output", "out/relative"]}  # would land in Ray's temp copy of the working dir
     runtime_env = json.dumps({"excludes": UPLOAD_EXCLUDES})
     running = {}
     for name, extra in jobs.items():
@@ -226,7 +227,7 @@ def test_submitted_job_succeeds_with_complete_output(submissions, ray_head, mode
     assert sorted(p.name for p in (out / "_manifest").iterdir()) == [s.replace(".parquet", ".json") for s in shards]
     report = json.loads((out / "_report.json").read_text())
     assert (report["units"], report["units_committed"], report["units_failed"], report["rows"]) == (4, 4, [], 120)
-    ids = [i for s in shards for i in pq.read_table(out / s, columns=["id"])["id"].to_pylist()]
+    ids = [i for s in shards for i in pq.read_table(out / "data" / s, columns=["id"])["id"].to_pylist()]
     assert sorted(ids) == list(range(120))  # every row once
 
     # The work ran in the submitted cluster: the driver connected to it (RAY_ADDRESS from
@@ -246,16 +247,20 @@ def test_submitted_job_succeeds_with_complete_output(submissions, ray_head, mode
     np.testing.assert_allclose(embeddings(got), embeddings(want), rtol=0, atol=1e-5)
 
 
-def test_submitted_job_with_a_missing_column_fails(submissions):
+def test_submitted_job_with_a_missing_column_is_refused_before_it_starts(submissions):
     job = submissions["bad"]
-    assert job.returncode == 1, job.output[-4000:]
-    assert (job.info["status"], job.info["driver_exit_code"]) == ("FAILED", 1), job.info
-    assert not (job.out_dir / "_SUCCESS").exists()
-    report = json.loads((job.out_dir / "_report.json").read_text())
-    assert report["units_committed"] == 0
-    assert len(report["units_failed"]) == report["units"] == 4
-    assert all("no column 'body'" in f["error"] for f in report["units_failed"]), report["units_failed"]
-    assert "FAILED part-00000-00000" in job.output  # the driver's summary reached the job logs
+    assert job.returncode != 0, job.output[-4000:]
+    assert (job.info["status"], job.info["driver_exit_code"]) == ("FAILED", 2), job.info
+    assert "jobs.embed: error: text_column='body': no input file has this column" in job.output
+    assert "Traceback" not in job.output
+    assert not job.out_dir.exists() or not any(job.out_dir.iterdir())  # nothing claimed: a corrected rerun just runs
+
+
+def test_submitted_job_with_a_relative_output_is_refused(submissions):
+    job = submissions["relative"]
+    assert (job.info["status"], job.info["driver_exit_code"]) == ("FAILED", 2), job.info
+    assert "jobs.embed: error: output='out/relative' is relative, and under `ray job submit`" in job.output
+    assert "Traceback" not in job.output and not job.out_dir.exists()
 
 
 def test_cluster_refuses_requests_without_the_token(ray_head):

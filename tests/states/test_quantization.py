@@ -90,6 +90,6 @@ def test_job_output_equals_quantize_embeddings(minilm_path, tmp_path, precision)
     assert got.dtype == want.dtype
     assert np.mean(got != want) < 0.002  # a value on a bucket or sign boundary may round the other way
     if extra:
-        provenance = json.loads(pq.read_schema(next((tmp_path / "out").glob("part-*.parquet"))).metadata[b"pooljobs"])
+        provenance = json.loads(pq.read_schema(next((tmp_path / "out").glob("data/part-*.parquet"))).metadata[b"pooljobs"])
         np.testing.assert_array_equal(np.array(json.loads(provenance["calibration_ranges"]), np.float32),
                                       calibration_ranges_from(calibration))
