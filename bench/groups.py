@@ -51,6 +51,7 @@ class Recorder:
         import torch
 
         import workers.unit as unit
+        from states.runtime import Runtime
         from workers.unit import UnitRunner
 
         self.torch, self.spans, self.timers, self.windows = torch, [], [], []
@@ -64,7 +65,7 @@ class Recorder:
 
         unit.DeviceTimer.__init__ = init
         t = time.perf_counter()
-        self.runner = UnitRunner(spec, model_sha256="-", tokenize_in_tasks=True)
+        self.runner = UnitRunner(spec.unit_options, Runtime(spec.model_options), model_sha256="-", tokenize_in_tasks=True)
         self.runner.warm_up()
         self.load_seconds = time.perf_counter() - t
         tokenizer = self.runner.tokenizer

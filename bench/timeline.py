@@ -76,13 +76,14 @@ def main() -> None:
     from jobs.driver import IN_FLIGHT, init_ray
     from jobs.plan import list_inputs, plan_units
     from workers.unit import UnitRunner
+    from states.runtime import Runtime
 
     spec = corpus_job(args.tokenizer, args.docs, args.shape, args.unit_rows, "pooljobs-timeline-")
     units = plan_units(spec, list_inputs(spec))
     init_ray(None)
     if args.reserve_cpus:
         ray.get(ray.util.placement_group([{"CPU": args.reserve_cpus}]).ready())
-    runner = UnitRunner(spec, model_sha256="-", tokenize_in_tasks=True)
+    runner = UnitRunner(spec.unit_options, Runtime(spec.model_options), model_sha256="-", tokenize_in_tasks=True)
     runner.warm_up()
     # Ranges open on the units' threads too (the profiler records only its own thread by default).
     config = _ExperimentalConfig(profile_all_threads=True)

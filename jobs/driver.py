@@ -23,6 +23,7 @@ from jobs.preflight import check_job
 from jobs.progress import Progress
 from jobs.spec import JobSpec
 from states.loading import check_model_dir, fingerprint
+from states.runtime import Runtime
 from workers.reader import InputError, Unit
 from workers.unit import VERSION, RowError, UnitResult, UnitRunner
 
@@ -98,7 +99,7 @@ def _settle(unit: Unit, error: BaseException, attempts: Counter, spec: JobSpec, 
 
 def _run_local(spec: JobSpec, model_sha256: str, units: list[Unit], on_result: Callable, failed: dict) -> dict:
     t = time.perf_counter()
-    runner = UnitRunner(spec, model_sha256=model_sha256)
+    runner = UnitRunner(spec.unit_options, Runtime(spec.model_options), model_sha256)
     runner.warm_up()
     info = {"worker": runner.worker, "load_seconds": time.perf_counter() - t, "max_tokens": runner.max_tokens}
     attempts: Counter = Counter()
@@ -154,7 +155,7 @@ def _run_ray(spec: JobSpec, model_sha256: str, units: list[Unit], on_result: Cal
         num_gpus=1 if use_gpu else 0, num_cpus=1, max_concurrency=IN_FLIGHT,
         max_restarts=-1, max_task_retries=spec.max_retries,
     )
-    actors = [actor_cls.remote(spec, model_sha256) for _ in range(count)]
+    actors = [actor_cls.remote(spec.model_options, spec.unit_options, model_sha256) for _ in range(count)]
     try:
         infos = ray.get([a.info.remote() for a in actors])
         t = time.perf_counter()

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, 
 from states.options import (
     CALIBRATED_DTYPES, COMPILE_CHOICES, DTYPE_NAMES, EXECUTIONS, OUTPUT_DTYPES, POOLING_MODES, TASKS, ModelOptions,
 )
+from workers.options import UnitOptions
 
 INPUT_FORMATS = ("auto", "parquet", "ipc", "jsonl", "csv")
 OVERLONG = ("truncate", "chunk")
@@ -164,6 +165,10 @@ class JobSpec(BaseModel):
     @property
     def model_options(self) -> ModelOptions:
         return ModelOptions(**{f.name: getattr(self, f.name) for f in dataclass_fields(ModelOptions)})
+
+    @property
+    def unit_options(self) -> UnitOptions:
+        return UnitOptions(**{f.name: getattr(self, f.name) for f in dataclass_fields(UnitOptions)})
 
     @property
     def inputs(self) -> list[str]:

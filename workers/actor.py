@@ -11,18 +11,19 @@ from __future__ import annotations
 import os
 import time
 
-from jobs.spec import JobSpec
+from states.options import ModelOptions
 from states.runtime import Runtime
+from workers.options import UnitOptions
 from workers.reader import Unit
 from workers.unit import UnitResult, UnitRunner
 
 
 class WorkerActor:
-    def __init__(self, spec: JobSpec, model_sha256: str | None = None) -> None:
+    def __init__(self, model_options: ModelOptions, unit_options: UnitOptions, model_sha256: str | None = None) -> None:
         t = time.perf_counter()
-        runtime = Runtime(spec.model_options)
+        runtime = Runtime(model_options)
         # A GPU worker leaves tokenizing to Ray CPU tasks; a CPU worker does it in-process.
-        self.runner = UnitRunner(spec, runtime, model_sha256, tokenize_in_tasks=runtime.device.type == "cuda")
+        self.runner = UnitRunner(unit_options, runtime, model_sha256, tokenize_in_tasks=runtime.device.type == "cuda")
         self.runner.warm_up()
         self.load_seconds = time.perf_counter() - t
 

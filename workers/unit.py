@@ -33,13 +33,13 @@ import pyarrow.compute as pc
 import torch
 from torch.profiler import record_function
 
-from jobs.spec import JobSpec
 from states.runtime import Runtime
 from workers import storage
 from workers.packing import PackPlan, build_pack, plan_packs
 from workers.reader import Unit, read_unit_parts, text_column
 from workers.tokenize import Encoded, EncodedWindow, TokenizerSpec
 from workers.tokenize_pool import RayTokenizer, ThreadTokenizer, part_table
+from workers.options import UnitOptions
 from workers.writer import ShardWriter, output_columns, write_table
 
 VERSION = "0.4.0"  # launch groups ramp up by tokens, not one per ramp window (packs, so float bits, changed)
@@ -201,18 +201,18 @@ class DeviceTimer:
 
 
 class UnitRunner:
-    def __init__(self, spec: JobSpec, runtime: Runtime | None = None, model_sha256: str | None = None,
+    def __init__(self, options: UnitOptions, runtime: Runtime, model_sha256: str | None = None,
                  tokenize_in_tasks: bool = False) -> None:
         """`model_sha256`: the driver's hash of the model files, so each worker need not
         read all the weights again to stamp its shards (computed here when absent).
         `tokenize_in_tasks`: tokenize in Ray CPU tasks (for GPU workers inside Ray)."""
-        self.spec = spec
-        self.runtime = runtime or Runtime(spec.model_options)
+        self.options = options
+        self.runtime = runtime
         self.tokenizer_spec = TokenizerSpec.from_hf(self.runtime.tokenizer, self.runtime.max_length, self.runtime.prompt,
-                                                    chunk=spec.overlong == "chunk", stride=spec.chunk_stride)
-        self.tokenizer = (RayTokenizer(self.tokenizer_spec, spec.max_retries) if tokenize_in_tasks
+                                                    chunk=options.overlong == "chunk", stride=options.chunk_stride)
+        self.tokenizer = (RayTokenizer(self.tokenizer_spec, options.max_retries) if tokenize_in_tasks
                           else ThreadTokenizer(self.tokenizer_spec))
-        self.max_tokens = spec.max_tokens or default_max_tokens(self.runtime)
+        self.max_tokens = options.max_tokens or default_max_tokens(self.runtime)
         self.worker = f"{socket.gethostname()}:{self.runtime.device}"
         self._order = threading.Lock()  # feeds and device turns are handed out in one order
         self._last_turn = threading.Event()  # set when the latest unit has queued all its packs
@@ -222,7 +222,7 @@ class UnitRunner:
         # in order, so sending (a Ray task each) never delays a launch.
         self._feeds = ThreadPoolExecutor(max_workers=1, thread_name_prefix="feed")
         self.metadata = {"pooljobs_version": VERSION, **self.runtime.provenance(),
-                         "output_dtype": spec.output_dtype, "model_sha256": model_sha256 or self.runtime.fingerprint()}
+                         "output_dtype": options.output_dtype, "model_sha256": model_sha256 or self.runtime.fingerprint()}
         self._schema_metadata = {"pooljobs": json.dumps(self.metadata)}  # every shard's Parquet metadata
 
     def warm_up(self) -> None:
@@ -243,7 +243,7 @@ class UnitRunner:
         use: on the H200 a first run after load took 3.30 s for 40,000 docs (bert-base
         shape) that a second run did in 2.15 s."""
         ids = np.asarray(self.runtime.tokenizer("pooljobs warm-up: a short text.")["input_ids"], np.int32)
-        group = GROUP_TOKENS + self.spec.window_rows * self.runtime.max_length
+        group = GROUP_TOKENS + self.options.window_rows * self.runtime.max_length
         total = min(1024, self.max_tokens, group)
         try:
             while True:
@@ -263,11 +263,11 @@ class UnitRunner:
 
     # -- the stages -----------------------------------------------------------------
     def _texts(self, unit: Unit, table: pa.Table) -> tuple[list, list | None, list[str | None]]:
-        texts, reasons = text_column(table, self.spec.text_column, unit.uri)
+        texts, reasons = text_column(table, self.options.text_column, unit.uri)
         pairs = None
-        if self.spec.pair_column:
-            pairs, pair_reasons = text_column(table, self.spec.pair_column, unit.uri)
-            reasons = [a or (b and f"{self.spec.pair_column}: {b}") for a, b in zip(reasons, pair_reasons)]
+        if self.options.pair_column:
+            pairs, pair_reasons = text_column(table, self.options.pair_column, unit.uri)
+            reasons = [a or (b and f"{self.options.pair_column}: {b}") for a, b in zip(reasons, pair_reasons)]
         return texts, pairs, reasons
 
     def _forward(self, encoded: Encoded, plan: PackPlan) -> list[tuple[np.ndarray, dict[str, torch.Tensor]]]:
@@ -293,13 +293,13 @@ class UnitRunner:
         their rows are read (on the feed thread); each one's pending tokens go to
         `windows`, then None. Windows are cut from the usable rows by `WindowCutter`, the
         same whatever the parts, so a rerun tokenizes and packs the same rows together."""
-        spec = self.spec
-        columns = list(dict.fromkeys(c for c in (spec.text_column, spec.pair_column, spec.id_column) if c))
+        options = self.options
+        columns = list(dict.fromkeys(c for c in (options.text_column, options.pair_column, options.id_column) if c))
         reasons: list[str | None] = []
         tables: list[pa.Table] = []
         parts, starts = [], []  # each read part's texts as the tokenizer holds them, and its first row
         good: list[int] = []
-        cutter = WindowCutter(spec.window_rows)
+        cutter = WindowCutter(options.window_rows)
 
         def send(start: int, stop: int) -> None:
             rows = np.array(good[start:stop], dtype=np.int64)
@@ -310,7 +310,7 @@ class UnitRunner:
             windows.put(pending)
 
         try:
-            reading = read_unit_parts(unit, columns, spec.storage_options)
+            reading = read_unit_parts(unit, columns, options.storage_options)
             while True:
                 t = time.perf_counter()
                 with record_function("pooljobs.read"):
@@ -337,7 +337,7 @@ class UnitRunner:
             windows.put(None)
 
     def run(self, unit: Unit) -> UnitResult:
-        spec = self.spec
+        options = self.options
         clock = {"read": 0.0, "tokenize": 0.0, "wait_tokens": 0.0, "forward": 0.0, "write": 0.0, "commit": 0.0}
         t0 = time.perf_counter()
         queue: SimpleQueue = SimpleQueue()
@@ -345,7 +345,7 @@ class UnitRunner:
             feed = self._feeds.submit(self._feed, unit, queue, clock)  # tokenizing runs ahead of the device
             turn, done = self._last_turn, threading.Event()
             self._last_turn = done
-        shard = ShardWriter(storage.join(self._out(), "data", f"{unit.name}.parquet"), spec.storage_options)
+        shard = ShardWriter(storage.join(self._out(), "data", f"{unit.name}.parquet"), options.storage_options)
         parts: list[Future] = []
         try:
             rejected, tokens, padded, truncated = self._launch_groups(turn, done, _Stream(queue), shard, feed, parts, clock)
@@ -356,7 +356,7 @@ class UnitRunner:
                 clock["write"] += write_s
 
             bad = {**source.bad, **rejected}
-            if bad and spec.on_error == "fail":
+            if bad and options.on_error == "fail":
                 row = min(bad)
                 uri, file_row = unit.locate(row + 1)[row]
                 raise RowError(f"{uri}: row {file_row}: {bad[row]} (on_error='fail')")
@@ -371,7 +371,7 @@ class UnitRunner:
             shard.abort()
             raise
         key_values = source.keys[1]
-        duplicates = len(key_values) - len(pc.unique(key_values)) if spec.id_column else 0
+        duplicates = len(key_values) - len(pc.unique(key_values)) if options.id_column else 0
         return UnitResult(unit.name, shard.rows, len(bad), tokens, padded, truncated, duplicates, checksum, nbytes,
                           shard.schema.remove_metadata().to_string(), self.worker, clock, time.perf_counter() - t0)
 
@@ -450,9 +450,9 @@ class UnitRunner:
         rows, chunks, outputs = self._assemble(rows, chunks, {k: v.numpy() for k, v in host.items()})
         key_name, key_values = keys
         columns = {key_name: key_values.take(pa.array(rows, type=pa.int64()))}
-        if self.spec.overlong == "chunk" and self.spec.chunk_aggregate == "none":
+        if self.options.overlong == "chunk" and self.options.chunk_aggregate == "none":
             columns["chunk"] = pa.array(chunks, type=pa.int32())
-        out = output_columns(outputs, self.spec.output_dtype, self.runtime.labels, self.runtime.ranges)
+        out = output_columns(outputs, self.options.output_dtype, self.runtime.labels, self.runtime.ranges)
         part = pa.table({**columns, **out})
         shard.write(part.replace_schema_metadata(self._schema_metadata))
 
@@ -467,7 +467,7 @@ class UnitRunner:
         order = np.lexsort((chunks, rows))
         outputs = {k: v[order] for k, v in outputs.items()}
         rows, chunks = rows[order], chunks[order]
-        if self.spec.overlong != "chunk" or self.spec.chunk_aggregate == "none":
+        if self.options.overlong != "chunk" or self.options.chunk_aggregate == "none":
             return rows, chunks, outputs
         unique, starts, counts = np.unique(rows, return_index=True, return_counts=True)
         mean = np.add.reduceat(outputs["embedding"], starts, axis=0) / counts[:, None]
@@ -477,8 +477,8 @@ class UnitRunner:
 
     def _keys(self, unit: Unit, table: pa.Table) -> tuple[str, pa.Array]:
         """(name, values): the id column, or `file#row` keys, stable for the same input."""
-        if self.spec.id_column:
-            return self.spec.id_column, table.column(self.spec.id_column).combine_chunks()
+        if self.options.id_column:
+            return self.options.id_column, table.column(self.options.id_column).combine_chunks()
         return "row_key", pa.array(unit.row_keys(table.num_rows), type=pa.string())
 
     def _write_errors(self, unit: Unit, keys: tuple[str, pa.Array], bad: dict[int, str]) -> None:
@@ -491,10 +491,10 @@ class UnitRunner:
             "row": pa.array([where[r][1] for r in rows], type=pa.int64()),
             "reason": pa.array([bad[r] for r in rows]),
         })
-        write_table(storage.join(self._out(), "_errors", f"{unit.name}.parquet"), table, self.spec.storage_options)
+        write_table(storage.join(self._out(), "_errors", f"{unit.name}.parquet"), table, self.options.storage_options)
 
     def _out(self) -> str:
-        return self.spec.output.rstrip("/")
+        return self.options.output.rstrip("/")
 
     def close(self) -> None:
         self.tokenizer.close()

@@ -82,3 +82,10 @@ def read_shard_table(fs, output: str) -> pa.Table:
         with fs.open_input_file(info.path) as f:
             tables.append(pq.read_table(f).replace_schema_metadata(None))
     return pa.concat_tables(tables)
+
+
+def runner_args(spec) -> tuple:
+    """`UnitRunner`'s options and a freshly loaded runtime, from a job spec."""
+    from states.runtime import Runtime
+
+    return spec.unit_options, Runtime(spec.model_options)

@@ -134,9 +134,10 @@ def test_unknown_option_and_bad_choice_name_the_key():
 def test_oom_splits_the_pack_and_output_is_unchanged(make_spec, tmp_path, monkeypatch):
     """An injected out-of-memory on big packs: the budget halves, packs split, same output."""
     from workers.unit import UnitRunner
+    from states.runtime import Runtime
 
     spec = make_spec(tmp_path / "a", backend="local", max_tokens=4096)
-    runner = UnitRunner(spec)
+    runner = UnitRunner(spec.unit_options, Runtime(spec.model_options))
     calls = {"oom": 0}
     compute = runner.runtime.compute
 
@@ -152,7 +153,7 @@ def test_oom_splits_the_pack_and_output_is_unchanged(make_spec, tmp_path, monkey
     clean = runner.run(unit)
     clean_table = pq.read_table(tmp_path / "a" / "data" / f"{unit.name}.parquet")
     monkeypatch.setattr(runner.runtime, "compute", flaky)
-    split = UnitRunner(spec.replace(output=str(tmp_path / "b")), runner.runtime)  # its own shard
+    split = UnitRunner(spec.replace(output=str(tmp_path / "b")).unit_options, runner.runtime)  # its own shard
     result = split.run(unit)
     assert calls["oom"] > 0 and split.max_tokens < 4096
     assert result.rows == clean.rows and result.tokens == clean.tokens

@@ -6,6 +6,7 @@ import itertools
 
 import workers.unit
 from jobs.plan import list_inputs, plan_units
+from states.runtime import Runtime
 from workers.unit import UnitRunner, group_targets
 
 
@@ -22,7 +23,7 @@ def test_windows_join_a_group_until_it_holds_its_target(make_spec, tmp_path, mon
     monkeypatch.setattr(workers.unit, "GROUP_TOKENS", 2400)
     spec = make_spec(tmp_path / "o", backend="local", window_rows=64)  # ramp windows 16, 20, 25, ... rows
     unit = plan_units(spec, list_inputs(spec))[0]
-    runner = UnitRunner(spec)
+    runner = UnitRunner(spec.unit_options, Runtime(spec.model_options))
     windows: list[int] = []  # tokens of every window, in order
     submit = runner.tokenizer.submit
 

@@ -7,6 +7,8 @@ import time
 import numpy as np
 
 from jobs.plan import list_inputs, plan_units
+from states.runtime import Runtime
+from tests.jobs.fixtures_models import runner_args
 from workers.tokenize_pool import RayTokenizer, ThreadTokenizer
 from workers.unit import UnitRunner
 
@@ -15,8 +17,8 @@ def test_ray_task_tokenizing_matches_in_process(ray_instances, make_spec, tmp_pa
     ray_instances.get("local")
     spec = make_spec(tmp_path / "thread", backend="local", window_rows=7)  # many windows per unit
     units = plan_units(spec, list_inputs(spec))[:2]
-    in_process = UnitRunner(spec)
-    in_tasks = UnitRunner(spec.replace(output=str(tmp_path / "tasks")), in_process.runtime, tokenize_in_tasks=True)
+    in_process = UnitRunner(spec.unit_options, Runtime(spec.model_options))
+    in_tasks = UnitRunner(spec.replace(output=str(tmp_path / "tasks")).unit_options, in_process.runtime, tokenize_in_tasks=True)
     assert isinstance(in_tasks.tokenizer, RayTokenizer) and isinstance(in_process.tokenizer, ThreadTokenizer)
     for unit in units:
         want, got = in_process.run(unit), in_tasks.run(unit)
@@ -33,7 +35,7 @@ def test_unit_bytes_do_not_depend_on_tokenizing_speed(make_spec, tmp_path, monke
     # Small packs: float results of a row depend on its pack's size on CPU too.
     spec = make_spec(tmp_path / "fast", backend="local", window_rows=7, max_tokens=300)
     unit = plan_units(spec, list_inputs(spec))[0]
-    fast_runner = UnitRunner(spec)
+    fast_runner = UnitRunner(spec.unit_options, Runtime(spec.model_options))
     fast = fast_runner.run(unit)
     encode = pool.encode_window
 
@@ -42,7 +44,7 @@ def test_unit_bytes_do_not_depend_on_tokenizing_speed(make_spec, tmp_path, monke
         return encode(*args)
 
     monkeypatch.setattr(pool, "encode_window", slow)
-    slow_result = UnitRunner(spec.replace(output=str(tmp_path / "slow")), fast_runner.runtime).run(unit)
+    slow_result = UnitRunner(spec.replace(output=str(tmp_path / "slow")).unit_options, fast_runner.runtime).run(unit)
     assert slow_result.tokens == fast.tokens and slow_result.checksum == fast.checksum
 
 
@@ -54,7 +56,7 @@ def test_first_window_launches_before_the_last_is_sent(make_spec, tmp_path, monk
     monkeypatch.setattr(workers.unit, "GROUP_TOKENS", 1)  # every window launches alone
     spec = make_spec(tmp_path / "o", backend="local", window_rows=7)
     unit = plan_units(spec, list_inputs(spec))[0]
-    runner = UnitRunner(spec)
+    runner = UnitRunner(spec.unit_options, Runtime(spec.model_options))
     events: list[str] = []
     submit, compute = runner.tokenizer.submit, runner.runtime.compute
 
@@ -75,7 +77,7 @@ def test_warm_up_builds_the_tokenizer_in_task_processes(ray_instances, make_spec
     import ray
 
     ray_instances.get("local")
-    runner = UnitRunner(make_spec(tmp_path, backend="local"), tokenize_in_tasks=True)
+    runner = UnitRunner(*runner_args(make_spec(tmp_path, backend="local")), tokenize_in_tasks=True)
     free = int(ray.available_resources()["CPU"])
     runner.tokenizer.warm_up()
 
@@ -102,7 +104,7 @@ def test_warm_up_task_tokenizes_a_window_through_the_task_path(ray_instances, ma
     from workers.tokenize_pool import part_table
 
     ray_instances.get("local")
-    tokenizer = UnitRunner(make_spec(tmp_path, backend="local"), tokenize_in_tasks=True).tokenizer
+    tokenizer = UnitRunner(*runner_args(make_spec(tmp_path, backend="local")), tokenize_in_tasks=True).tokenizer
     windows, encode = [], pool._encode_task
     monkeypatch.setattr(pool, "_encode_task", lambda *args: windows.append(encode(*args)) or windows[-1])
     segments = [(tokenizer.put(part_table(["pooljobs warm-up"], None)), np.zeros(1, np.int64))]
@@ -117,7 +119,7 @@ def test_warm_up_runs_again_when_tasks_shared_a_process(ray_instances, make_spec
     import workers.tokenize_pool as pool
 
     ray_instances.get("local")
-    runner = UnitRunner(make_spec(tmp_path, backend="local"), tokenize_in_tasks=True)
+    runner = UnitRunner(*runner_args(make_spec(tmp_path, backend="local")), tokenize_in_tasks=True)
     free = int(ray.available_resources()["CPU"])
     calls: list[int] = []
     real_get = ray.get
@@ -157,7 +159,7 @@ def test_first_window_is_sent_before_the_unit_is_read_whole(make_spec, tmp_path,
     def run(name: str, parts) -> tuple[object, list[np.ndarray]]:
         monkeypatch.setattr(workers.unit, "read_unit_parts", parts)
         spec = make_spec(tmp_path / name, backend="local", input=str(tmp_path / "in.parquet"), window_rows=32, unit_rows=300)
-        runner = UnitRunner(spec)
+        runner = UnitRunner(spec.unit_options, Runtime(spec.model_options))
         sent, submit = [], runner.tokenizer.submit
         runner.tokenizer.submit = lambda rows, *a: (events.append("sent"), sent.append(rows), submit(rows, *a))[2]
         return runner.run(plan_units(spec, list_inputs(spec))[0]), sent
@@ -186,7 +188,7 @@ def test_units_take_the_device_in_the_order_they_were_called(make_spec, tmp_path
 
     spec = make_spec(tmp_path / "o", backend="local", window_rows=7)
     first, second = plan_units(spec, list_inputs(spec))[:2]
-    runner = UnitRunner(spec)
+    runner = UnitRunner(spec.unit_options, Runtime(spec.model_options))
     launches, compute = [], runner.runtime.compute
     current = threading.local()
 

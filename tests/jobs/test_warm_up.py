@@ -6,11 +6,12 @@ import torch
 
 import workers.unit
 from workers.unit import WARM_IN_FLIGHT, UnitRunner
+from tests.jobs.fixtures_models import runner_args
 
 
 def test_warm_device_doubles_pack_sizes_up_to_the_largest_group(make_spec, tmp_path, monkeypatch):
     monkeypatch.setattr(workers.unit, "GROUP_TOKENS", 2000)
-    runner = UnitRunner(make_spec(tmp_path / "o", backend="local", max_tokens=5000, window_rows=4))
+    runner = UnitRunner(*runner_args(make_spec(tmp_path / "o", backend="local", max_tokens=5000, window_rows=4)))
     longest = runner.runtime.max_length
     biggest = min(5000, 2000 + 4 * longest)  # a full group plus one window of the longest rows
     seen: list[tuple[int, int]] = []
@@ -31,7 +32,7 @@ def test_warm_device_doubles_pack_sizes_up_to_the_largest_group(make_spec, tmp_p
 
 def test_warm_device_stays_within_a_shrunken_budget(make_spec, tmp_path, monkeypatch):
     """An out-of-memory error during the warm-up halves the budget once, and the warm-up stops there."""
-    runner = UnitRunner(make_spec(tmp_path / "o", backend="local", max_tokens=4096, window_rows=4))
+    runner = UnitRunner(*runner_args(make_spec(tmp_path / "o", backend="local", max_tokens=4096, window_rows=4)))
     seen: list[int] = []
     compute = runner.runtime.compute
 
