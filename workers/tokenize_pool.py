@@ -142,3 +142,6 @@ class RayTokenizer:
 
     def close(self) -> None:
         pass
+
+
+Tokenizing = ThreadTokenizer | RayTokenizer  # put a part's texts, submit a window's rows, close
