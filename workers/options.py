@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+TOKENIZE_IN = ("auto", "threads", "tasks")
+
 
 @dataclass(frozen=True)
 class UnitOptions:

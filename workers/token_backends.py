@@ -150,6 +150,24 @@ def cut(text: str, bound: int) -> str:
     return text if at < 0 else text[:at]
 
 
+def cut_is_exact(backend_json: str, texts: list[str], bounds: tuple[int, ...] = (16, 64, 256, 1024, 4096, 16384)) -> str | None:
+    """Why cutting texts (`cut`) can change the tokens before the cut with this
+    tokenizer (a text whose cut's tokens are not the first ones of the whole), or None:
+    checked with HF `tokenizers` at several cut points of each text."""
+    content = HFContent(backend_json)
+    for text in texts:
+        forms = list(dict.fromkeys(f for b in bounds if len(f := cut(text, b)) < len(text)))
+        if not forms:
+            continue
+        ids, offsets = content([text, *forms])
+        whole = ids[: offsets[1]]
+        for i, form in enumerate(forms, start=1):
+            part = ids[offsets[i] : offsets[i + 1]]
+            if not np.array_equal(part, whole[: len(part)]):
+                return f"tokens before a cut depend on the text after it ({form[-40:]!r})"
+    return None
+
+
 def bounded(encode: Callable[[list[str]], Encoded], texts: list[str], max_length: int) -> Encoded:
     """`encode(texts)` (truncating, flagging truncated rows), each text cut to a prefix of
     `CHARS_PER_TOKEN_BOUND` x `max_length` characters; a cut row not left truncated (the

@@ -4,7 +4,7 @@ Each text yields one sequence (truncated, flagged), or with `chunk=True` its fir
 plus every overflowing window (each `max_length` long with special tokens, overlapping the
 previous by `stride` tokens). Single texts without chunking go through the spec's
 `backend` (`workers.token_backends`: nanotoken, gigatoken or HF `tokenizers`), each text
-cut to a bounded prefix first (`bounded`); pairs and chunking take HF `tokenizers` with its
+cut to a bounded prefix first where that is exact (`bounded`); pairs and chunking take HF `tokenizers` with its
 own truncation, the reference every backend is checked against (`workers.tokenizer_choice`).
 """
 
@@ -36,7 +36,7 @@ class BatchTokenizer:
     can be sent to tokenizing processes as a string)."""
 
     def __init__(self, backend_json: str, max_length: int, with_type_ids: bool, prompt: str = "",
-                 chunk: bool = False, stride: int = 0, backend: str = REFERENCE) -> None:
+                 chunk: bool = False, stride: int = 0, backend: str = REFERENCE, bounded: bool = True) -> None:
         self.reference: Tokenizer = Tokenizer.from_str(backend_json)
         self.reference.no_padding()
         try:
@@ -44,7 +44,7 @@ class BatchTokenizer:
         except Exception as e:
             raise ValueError(f"chunk_stride={stride} must be smaller than max_length={max_length} less special tokens") from e
         self.prompt, self.chunk, self.with_type_ids, self.max_length = prompt, chunk, with_type_ids, max_length
-        self.backend = backend
+        self.backend, self.bounded = backend, bounded
         if backend != REFERENCE and not chunk:
             self.content = CONTENT_BACKENDS[backend](backend_json)
             self.wrap = Wrapped(*special_tokens(backend_json), max_length)
@@ -53,7 +53,7 @@ class BatchTokenizer:
         if self.prompt:
             texts = [self.prompt + t for t in texts]
         if pairs is None and not self.chunk and self.backend != REFERENCE:
-            return bounded(self._single, texts, self.max_length)
+            return bounded(self._single, texts, self.max_length) if self.bounded else self._single(texts)
         return self._reference(texts if pairs is None else list(zip(texts, pairs)), pairs is not None)
 
     def _single(self, texts: list[str]) -> Encoded:
@@ -88,13 +88,13 @@ class TokenizerSpec:
     chunk: bool = False
     stride: int = 0
     backend: str = REFERENCE  # single texts' backend: a `token_backends.CONTENT_BACKENDS` name, or REFERENCE
+    bounded: bool = True  # the backend takes texts cut to a bounded prefix (`token_backends.bounded`)
 
     @classmethod
-    def from_hf(cls, hf_tokenizer, max_length: int, prompt: str = "", chunk: bool = False, stride: int = 0,
-                backend: str = REFERENCE) -> TokenizerSpec:
-        """From a transformers fast tokenizer (its Rust backend, serialized)."""
+    def from_hf(cls, hf_tokenizer, max_length: int, prompt: str = "", chunk: bool = False, stride: int = 0) -> TokenizerSpec:
+        """From a transformers fast tokenizer (its Rust backend, serialized); the reference backend."""
         return cls(hf_tokenizer.backend_tokenizer.to_str(), max_length, "token_type_ids" in hf_tokenizer.model_input_names,
-                   prompt, chunk, stride, backend)
+                   prompt, chunk, stride)
 
     def build(self) -> BatchTokenizer:
         return BatchTokenizer(**asdict(self))

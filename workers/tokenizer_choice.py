@@ -1,8 +1,8 @@
 """Which backend tokenizes a job's single texts: the fastest one that gives HF
 `tokenizers`' ids, checked, never assumed.
 
-At load, each candidate (nanotoken for WordPiece, gigatoken for BPE, then HF `tokenizers`
-with the bounded prefix) is compared with the reference (HF `tokenizers`, whole texts,
+At load, each candidate (nanotoken for WordPiece or gigatoken for BPE, then HF
+`tokenizers`; each first with texts cut to a bounded prefix, then whole) is compared with the reference (HF `tokenizers`, whole texts,
 its own truncation) on `hard_cases()`; the first that agrees on every row is chosen. The
 chosen backend is compared again on the job's first rows (`check_rows`); a mismatch there
 falls back to the reference for the rest of the job. Each fallback's reason is logged and
@@ -11,13 +11,14 @@ recorded in the shards' provenance (`tokenizer`, `tokenizer_fallback`).
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from workers.encoded import Encoded
-from workers.token_backends import BackendUnavailable
+from workers.token_backends import BackendUnavailable, cut_is_exact
 from workers.tokenize import REFERENCE, BatchTokenizer, TokenizerSpec
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,8 @@ def compare(candidate: BatchTokenizer, reference: BatchTokenizer, texts: list[st
         return f"{candidate.backend} failed: {type(e).__name__}: {e}"
     if row is None:
         return None
-    return f"{candidate.backend} differs from HF tokenizers on {texts[row][:60]!r}{'...' if len(texts[row]) > 60 else ''}"
+    form = "bounded prefix" if candidate.bounded else "whole texts"
+    return f"{candidate.backend} ({form}) differs from HF tokenizers on {texts[row][:60]!r}{'...' if len(texts[row]) > 60 else ''}"
 
 
 @dataclass
@@ -76,7 +78,8 @@ class TokenizerChoice:
     fallback: str = ""  # reasons, "; "-joined
 
     def provenance(self) -> dict[str, str]:
-        return {"tokenizer": self.spec.backend, "tokenizer_fallback": self.fallback}
+        return {"tokenizer": self.spec.backend, "tokenizer_bounded": str(self.spec.bounded),
+                "tokenizer_fallback": self.fallback}
 
     def check_rows(self, texts: list[str]) -> bool:
         """Compare the chosen backend with the reference on the job's first rows (usable
@@ -103,22 +106,26 @@ def choose_tokenizer(hf_tokenizer, max_length: int, prompt: str = "", chunk: boo
     spec = TokenizerSpec.from_hf(hf_tokenizer, max_length, prompt, chunk, stride)
     if chunk or pairs:
         return TokenizerChoice(spec)
-    import json
-
     kind = json.loads(spec.backend_json)["model"]["type"]
-    candidates = [b for b in (FAST_BACKEND.get(kind), "tokenizers") if b]
-    reference, cases, reasons = spec.build(), hard_cases(), []
-    for backend in candidates:
+    fast = FAST_BACKEND.get(kind)
+    candidates = ([(fast, True), (fast, False)] if fast else []) + [("tokenizers", True)]  # fastest first
+    reference, cases = spec.build(), hard_cases()
+    not_local = cut_is_exact(spec.backend_json, [c for c in cases if len(c) < 100_000])
+    reasons = [f"bounded prefix: {not_local}"] if not_local else []
+    for backend, bounded in candidates:
+        if bounded and not_local:
+            continue
         try:
-            why = compare(replace(spec, backend=backend).build(), reference, cases)
+            candidate = replace(spec, backend=backend, bounded=bounded)
+            why = compare(candidate.build(), reference, cases)
         except (BackendUnavailable, ValueError) as e:
             why = f"{backend}: {e}"
         if why is None:
-            choice = TokenizerChoice(replace(spec, backend=backend), "; ".join(reasons))
+            choice = TokenizerChoice(candidate, "; ".join(dict.fromkeys(reasons)))
             if reasons:
                 log.warning("tokenizer fallback: %s; using %s", choice.fallback, backend)
             return choice
         reasons.append(why)
-    choice = TokenizerChoice(spec, "; ".join(reasons))
+    choice = TokenizerChoice(spec, "; ".join(dict.fromkeys(reasons)))
     log.warning("tokenizer fallback: %s; using HF tokenizers on whole texts", choice.fallback)
     return choice
