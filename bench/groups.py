@@ -65,7 +65,7 @@ class Recorder:
 
         unit.DeviceTimer.__init__ = init
         t = time.perf_counter()
-        self.runner = UnitRunner(spec.unit_options, Runtime(spec.model_options), model_sha256="-", tokenize_in_tasks=True)
+        self.runner = UnitRunner(spec.replace(tokenize_in="tasks").unit_options, Runtime(spec.model_options), model_sha256="-")
         self.runner.warm_up()
         self.load_seconds = time.perf_counter() - t
         tokenizer = self.runner.tokenizer

@@ -13,6 +13,7 @@ in full to keep `max_length` tokens.
 
 from __future__ import annotations
 
+import importlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,22 +50,27 @@ class HFContent:
         return ids, offsets
 
 
+def _load_fast(backend_json: str, package: str, model_type: str, load: Callable) -> object:
+    """`load(package module)`, for a tokenizer whose model is `model_type`; else `BackendUnavailable`."""
+    if json.loads(backend_json)["model"]["type"] != model_type:
+        raise BackendUnavailable(f"{package} serves {model_type} models only")
+    try:
+        module = importlib.import_module(package)
+    except ImportError as e:
+        raise BackendUnavailable(f"{package} cannot be imported: {e}") from e
+    try:
+        return load(module)
+    except Exception as e:
+        raise BackendUnavailable(f"{package} cannot load this tokenizer: {e}") from e
+
+
 class NanoContent:
     """Content ids from `nanotoken` (WordPiece models)."""
 
     name = "nanotoken"
 
     def __init__(self, backend_json: str) -> None:
-        if json.loads(backend_json)["model"]["type"] != "WordPiece":
-            raise BackendUnavailable("nanotoken serves WordPiece models only")
-        try:
-            import nanotoken
-        except ImportError as e:
-            raise BackendUnavailable(f"nanotoken cannot be imported: {e}") from e
-        try:
-            self.backend = nanotoken.Tokenizer.from_json(backend_json)
-        except Exception as e:
-            raise BackendUnavailable(f"nanotoken cannot load this tokenizer: {e}") from e
+        self.backend = _load_fast(backend_json, self.name, "WordPiece", lambda m: m.Tokenizer.from_json(backend_json))
 
     def __call__(self, texts: list[str]) -> Content:
         ragged = self.backend.encode_batch(texts, add_special_tokens=False)  # releases the GIL
@@ -77,16 +83,7 @@ class GigaContent:
     name = "gigatoken"
 
     def __init__(self, backend_json: str) -> None:
-        if json.loads(backend_json)["model"]["type"] != "BPE":
-            raise BackendUnavailable("gigatoken serves BPE models only")
-        try:
-            import gigatoken
-        except ImportError as e:
-            raise BackendUnavailable(f"gigatoken cannot be imported: {e}") from e
-        try:
-            self.backend = gigatoken.Tokenizer.from_json(backend_json).backend
-        except Exception as e:
-            raise BackendUnavailable(f"gigatoken cannot load this tokenizer: {e}") from e
+        self.backend = _load_fast(backend_json, self.name, "BPE", lambda m: m.Tokenizer.from_json(backend_json).backend)
 
     def __call__(self, texts: list[str]) -> Content:
         layout = self.backend.encode_batch(texts).layout  # awkward: offsets + flat ids; releases the GIL

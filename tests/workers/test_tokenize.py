@@ -3,6 +3,7 @@ does not is caught (at load, or on the job's first rows) and replaced by the ref
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 
@@ -13,7 +14,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalize
 from tests.conftest import minilm_dir
 from workers import token_backends
 from workers.tokenize import REFERENCE, BatchTokenizer, TokenizerSpec
-from workers.tokenizer_choice import choose_tokenizer, first_mismatch, hard_cases
+from workers.tokenizer_choice import choose_backend, choose_tokenizer, first_mismatch, hard_cases
 
 QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
                r"|\s+(?!\S)|\s+")
@@ -37,10 +38,12 @@ def corpus(n: int, seed: int) -> list[str]:
     return texts + ["", " ", "\t\n\r", "A" * 5000, "word " * 5000]
 
 
+@functools.lru_cache(maxsize=None)
 def training_texts() -> list[str]:
-    return corpus(400, seed=1) + hard_cases()[:40]
+    return corpus(200, seed=1) + hard_cases()[:40]
 
 
+@functools.lru_cache(maxsize=None)
 def wordpiece(lowercase: bool) -> str:
     config = json.loads((minilm_dir() / "tokenizer.json").read_text())
     config["normalizer"]["lowercase"] = lowercase
@@ -49,6 +52,7 @@ def wordpiece(lowercase: bool) -> str:
     return tok.to_str()
 
 
+@functools.lru_cache(maxsize=None)
 def byte_level_bpe() -> str:
     """Qwen2-style: its split regex, byte-level BPE, no normalizer, special tokens added."""
     tok = Tokenizer(models.BPE())
@@ -62,6 +66,7 @@ def byte_level_bpe() -> str:
     return tok.to_str()
 
 
+@functools.lru_cache(maxsize=None)
 def sentencepiece_bpe() -> str:
     """Llama-style: Metaspace, BPE with byte fallback, a BOS post-processor."""
     tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>"))
@@ -73,6 +78,7 @@ def sentencepiece_bpe() -> str:
     return tok.to_str()
 
 
+@functools.lru_cache(maxsize=None)
 def unigram() -> str:
     """SentencePiece Unigram (T5-style), CLS/SEP-free with an EOS suffix."""
     tok = Tokenizer(models.Unigram())
@@ -80,7 +86,7 @@ def unigram() -> str:
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
     tok.decoder = decoders.Metaspace()
     tok.train_from_iterator(training_texts(), trainers.UnigramTrainer(
-        vocab_size=600, special_tokens=["<pad>", "</s>", "<unk>"], unk_token="<unk>"))
+        vocab_size=400, special_tokens=["<pad>", "</s>", "<unk>"], unk_token="<unk>"))
     tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", tok.token_to_id("</s>"))])
     return tok.to_str()
 
@@ -92,6 +98,14 @@ CONFIGS = {"wordpiece-uncased": lambda: wordpiece(True), "wordpiece-cased": lamb
 CHOSEN = {"wordpiece-uncased": ("nanotoken", True), "wordpiece-cased": ("nanotoken", True),
           "bytelevel-bpe-qwen2": ("gigatoken", True), "sentencepiece-bpe": ("gigatoken", False),
           "unigram": ("tokenizers", True)}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_choice():
+    """Each test checks backends anew (the choice is cached per process)."""
+    choose_backend.cache_clear()
+    yield
+    choose_backend.cache_clear()
 
 
 @pytest.fixture(scope="module", params=list(CONFIGS))
@@ -117,11 +131,12 @@ def _spec(backend_json: str, max_length: int, backend: str = REFERENCE, prompt: 
     return TokenizerSpec(backend_json, max_length, False, prompt, backend=backend, bounded=bounded)
 
 
-@pytest.mark.parametrize("max_length", [16, 128, 512])
+@pytest.mark.parametrize("max_length", [16, 512])
 def test_every_backend_gives_the_reference_ids(config, max_length):
-    """Each fast backend on whole texts, and what load chooses, against the reference."""
+    """Each fast backend on whole texts, and what load chooses, against the reference
+    (the 1 MB hard case is left to the load-time checks and the cut test)."""
     name, backend_json = config
-    texts = corpus(600, seed=max_length) + hard_cases()
+    texts = corpus(600, seed=max_length) + hard_cases()[:-1]
     want = _spec(backend_json, max_length).build()(texts)
     backend, bounded = CHOSEN[name]
     for form in {(backend, False), (backend, bounded), ("tokenizers", False)}:
