@@ -103,13 +103,13 @@ def feed_unit(unit: Unit, options: UnitOptions, tokenizer_for: Callable[[list[st
                 table = next(parts, None)
                 if table is not None:
                     texts, pairs, part_reasons = unit_texts(table, options, unit.uri)
-                    if sender is None:
-                        usable = [t for t, r in zip(texts, part_reasons) if r is None]
-                        sender = WindowSender(tokenizer_for(usable), options.window_rows)
-                    sender.add(texts, pairs, part_reasons)
             seconds += time.perf_counter() - t
             if table is None:
                 break
+            if sender is None:
+                usable = [text for text, r in zip(texts, part_reasons) if r is None]
+                sender = WindowSender(tokenizer_for(usable), options.window_rows)
+            sender.add(texts, pairs, part_reasons)
             tables.append(table)
             reasons += part_reasons
             for pending in sender.ready(last=False):
