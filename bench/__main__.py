@@ -179,7 +179,8 @@ def profile_forward(model_dir: Path, texts: list[str], pooling: str, window: int
     from jobs.spec import JobSpec
     from workers.packing import build_pack, plan_packs
     from states.runtime import Runtime
-    from workers.unit import MAX_SEQS_PER_PACK, UnitRunner
+    from workers.batching import MAX_SEQS_PER_PACK
+    from workers.unit import UnitRunner
 
     spec = JobSpec(input="-", output="-", model=str(model_dir), pooling=pooling)
     runner = UnitRunner(spec.unit_options, Runtime(spec.model_options), model_sha256="-")  # writes no shard
