@@ -1,6 +1,7 @@
 """Throughput benchmark: pooljobs end to end against its anchors, in one process run.
 
     python -m bench --tokenizer DIR [--docs 40000] [--shapes minilm,bert-base,bert-large,qwen3-0.6b] [--profile]
+                    [--tokenize-in auto|threads|tasks]
 
 For each random-init model shape it runs, on the same corpus and GPU:
   * pooljobs end to end: Parquet in -> one Ray GPU actor -> embedding Parquet out
@@ -122,9 +123,12 @@ def run_pooljobs(model_dir: Path, corpus: Path, out: Path, pooling: str, args: a
     init_ray(None)
     spec = JobSpec(input=str(corpus), output=str(out), model=str(model_dir), id_column="id", pooling=pooling,
                    normalize=True, num_workers=1, overwrite=True, unit_rows=args.unit_rows, progress=None,
-                   **({"window_rows": args.window_rows} if args.window_rows else {}))
+                   tokenize_in=args.tokenize_in, **({"window_rows": args.window_rows} if args.window_rows else {}))
     outcome = run_job(spec)
     assert outcome.ok, outcome.failed
+    shard = next((out / "data").glob("*.parquet"))
+    provenance = json.loads(pq.read_schema(shard).metadata[b"pooljobs"])
+    outcome.report["tokenizer"] = {k: provenance.get(k) for k in ("tokenizer", "tokenizer_bounded", "tokenizer_fallback")}
     table = pq.read_table(out, columns=["id", "embedding"]).sort_by("id")
     emb = np.stack(table.column("embedding").to_numpy(zero_copy_only=False))
     return outcome.report["run_seconds"], outcome.report, emb
@@ -175,7 +179,8 @@ def profile_forward(model_dir: Path, texts: list[str], pooling: str, window: int
     from jobs.spec import JobSpec
     from workers.packing import build_pack, plan_packs
     from states.runtime import Runtime
-    from workers.unit import MAX_SEQS_PER_PACK, UnitRunner
+    from workers.batching import MAX_SEQS_PER_PACK
+    from workers.unit import UnitRunner
 
     spec = JobSpec(input="-", output="-", model=str(model_dir), pooling=pooling)
     runner = UnitRunner(spec.unit_options, Runtime(spec.model_options), model_sha256="-")  # writes no shard
@@ -186,7 +191,7 @@ def profile_forward(model_dir: Path, texts: list[str], pooling: str, window: int
     tokenize_s = time.perf_counter() - t
     t = time.perf_counter()
     packs = [build_pack(enc, plan).pin_memory() for plan in plan_packs(enc.lengths, runner.max_tokens, MAX_SEQS_PER_PACK,
-                                                                    runner.runtime.state.packed)]
+                                                                    runner.runtime.packed)]
     pack_s = time.perf_counter() - t
     run = lambda: [runner.runtime.compute(p.to("cuda", non_blocking=True)) for p in packs]  # noqa: E731
     run()  # warm-up
@@ -223,6 +228,7 @@ def bench_shape(shape: str, args: argparse.Namespace, texts: list[str], lengths:
         agreement = f"{cos.min():.5f}" if name == "pooljobs e2e" else ""
         print(f"| {shape} | {name} | {tokens / sec:,.0f} | {len(texts) / sec:,.0f} | {mfu:.1%} | {st_s / sec:.2f}x | {agreement} |")
     busy = report["stage_seconds"]["forward"] / pj_s
+    print(f"#   pooljobs {shape}: tokenizer {report['tokenizer']}, tokenize_in={args.tokenize_in}", flush=True)
     print(f"#   pooljobs {shape}: device busy {busy:.1%} of the run, padding efficiency {report['padding_efficiency']:.3f}, stage seconds "
           f"{ {k: round(v, 2) for k, v in report['stage_seconds'].items()} }, worker {report['workers'][0]}", flush=True)
     assert cos.min() >= 0.999, f"{shape}: pooljobs disagrees with the padded reference (min cos {cos.min():.5f})"
@@ -238,6 +244,8 @@ def main() -> None:
     parser.add_argument("--peak-tflops", type=float, default=792.0, help="measured bf16 matmul peak of the GPU")
     parser.add_argument("--unit-rows", type=int, default=20_000, help="pooljobs' rows per work unit")
     parser.add_argument("--window-rows", type=int, help="pooljobs' rows per tokenizing window (default: the job default)")
+    parser.add_argument("--tokenize-in", default="auto", choices=("auto", "threads", "tasks"),
+                        help="where pooljobs' GPU worker tokenizes (the job option)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--profile", action="store_true", help="also profile one window per shape in-process")
     args = parser.parse_args()

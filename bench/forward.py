@@ -23,7 +23,7 @@ from states.interface import Pack
 from states.runtime import ModelOptions, Runtime
 from workers.packing import build_pack, plan_packs
 from workers.tokenize import Encoded
-from workers.unit import GROUP_TOKENS, MAX_SEQS_PER_PACK
+from workers.batching import GROUP_TOKENS, MAX_SEQS_PER_PACK
 
 VARIANTS: dict[str, tuple[dict | None, bool]] = {  # name -> (compile_blocks kwargs, or None: eager; packs budgeted by real tokens)
     "eager": (None, True),

@@ -15,7 +15,7 @@ for a task process, the tokenizing in it and the way back (traced in the task it
 ~20-25 ms of host time in the actor against ~9 ms in a process: is the actor the cause?).
 `--variants` runs the same actor under other settings in turn, e.g.
 `--variants "base;switch=0.0005;RAMP_GROWTH=1.15,window_rows=128"`: `switch` is Python's
-thread switch interval (s), upper-case names are `workers.unit` constants and the others
+thread switch interval (s), upper-case names are `workers.batching` constants and the others
 `JobSpec` fields.
 """
 
@@ -55,7 +55,9 @@ class Recorder:
         from workers.unit import UnitRunner
 
         self.torch, self.spans, self.timers, self.windows = torch, [], [], []
-        unit.record_function = self._range  # the worker's own ranges, timed, no profiler
+        import workers.feed as feed
+
+        unit.record_function = feed.record_function = self._range  # the worker's own ranges, timed, no profiler
         timer_init = unit.DeviceTimer.__init__
 
         def init(timer, device) -> None:
@@ -65,7 +67,7 @@ class Recorder:
 
         unit.DeviceTimer.__init__ = init
         t = time.perf_counter()
-        self.runner = UnitRunner(spec.unit_options, Runtime(spec.model_options), model_sha256="-", tokenize_in_tasks=True)
+        self.runner = UnitRunner(spec.replace(tokenize_in="tasks").unit_options, Runtime(spec.model_options), model_sha256="-")
         self.runner.warm_up()
         self.load_seconds = time.perf_counter() - t
         tokenizer = self.runner.tokenizer
@@ -90,16 +92,19 @@ class Recorder:
 
     def configure(self, settings: dict[str, str]) -> None:
         """Apply a variant's settings (see the module's doc), every other one at its default."""
-        import workers.unit as unit
+        import dataclasses
+
+        import workers.batching as batching
 
         if not hasattr(self, "defaults"):
-            self.defaults = (sys.getswitchinterval(), {k: getattr(unit, k) for k in dir(unit) if k.isupper()}, self.runner.spec)
-        switch, constants, spec = self.defaults
+            self.defaults = (sys.getswitchinterval(), {k: getattr(batching, k) for k in dir(batching) if k.isupper()},
+                             self.runner.options)
+        switch, constants, options = self.defaults
         sys.setswitchinterval(float(settings.get("switch", switch)))
         for name, value in constants.items():
-            setattr(unit, name, type(value)(settings.get(name, value)))
-        fields = {k: type(getattr(spec, k))(v) for k, v in settings.items() if k != "switch" and not k.isupper()}
-        self.runner.spec = spec.replace(**fields)
+            setattr(batching, name, type(value)(settings.get(name, value)))
+        fields = {k: type(getattr(options, k))(v) for k, v in settings.items() if k != "switch" and not k.isupper()}
+        self.runner.options = dataclasses.replace(options, **fields)
 
     @contextlib.contextmanager
     def _range(self, name: str):

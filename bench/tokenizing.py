@@ -1,53 +1,68 @@
-"""How a host's cores tokenize best: processes x Rayon threads per process.
+"""Tokenizing cost per backend: CPU-seconds per 1M tokens, and tokens/s, on the bench corpus.
 
-    python -m bench.tokenizing --tokenizer DIR [--docs 40000] [--window-rows 256]
+    python -m bench.tokenizing --tokenizer DIR [--docs 40000] [--window-rows 256] [--threads 1,0]
+                               [--old-checkout PATH]
 
-The GPU worker's tokenizing tasks are single-threaded processes (`workers.tokenize_pool`);
-this measures the alternatives on the same corpus and windows: every split of the host's
-CPUs into P processes of T threads (`RAYON_NUM_THREADS`), each process tokenizing its
-share of the windows with pooljobs' `BatchTokenizer`, all released at once after
-building the tokenizer and a warm-up. Prints tokens/s for each split, with BERT's
-plain-text twin tokenizer (the default; `workers.tokenize`) and with the model's own
-normalizer for every text.
+Each path tokenizes the corpus in windows of `--window-rows` texts, truncated at 512
+tokens, as a worker does, in a fresh process (`RAYON_NUM_THREADS` set; 0 = every core):
+  * old: `--old-checkout`'s `workers.tokenize.BatchTokenizer` (a checkout before the fast
+    backends: HF `tokenizers` with BERT's plain-text twin, what the Ray tokenizing tasks ran),
+  * reference: HF `tokenizers` on whole texts, its own truncation,
+  * tokenizers, bounded: HF `tokenizers` on each text's bounded prefix,
+  * the fast backend for the tokenizer (nanotoken for WordPiece, gigatoken for BPE), bounded.
+CPU-seconds are the process's (all its threads); the ratio column is against the first path.
+Every path's ids are checked equal to the reference's.
 """
 
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
+import json
 import os
-import time
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parent.parent
 
-def _worker(threads: int, backend_json: str, plain: bool, windows: list[list[str]], barrier, results) -> None:
-    os.environ["RAYON_NUM_THREADS"] = str(threads)
-    os.environ["TOKENIZERS_PARALLELISM"] = "true" if threads > 1 else "false"
+CHILD = """
+import hashlib, json, sys, time
+args = json.loads(sys.argv[1])
+texts = json.loads(open(args["corpus"]).read())
+backend_json = open(args["tokenizer"]).read()
+if args["backend"] is None:  # the old checkout's own default path
     from workers.tokenize import BatchTokenizer
-
     tokenize = BatchTokenizer(backend_json, 512, False)
-    if not plain:
-        tokenize.plain = None
-    tokenize(windows[0][:64])  # warm-up: builds the Rayon pool and touches the vocabulary
-    barrier.wait()
-    start, tokens = time.monotonic(), 0
-    for texts in windows:
-        tokens += int(tokenize(texts).offsets[-1])
-    results.put((start, time.monotonic(), tokens))
+else:
+    from workers.tokenize import TokenizerSpec
+    tokenize = TokenizerSpec(backend_json, 512, False, backend=args["backend"], bounded=args["bounded"]).build()
+windows = [texts[i : i + args["window_rows"]] for i in range(0, len(texts), args["window_rows"])]
+tokenize(windows[0])  # warm-up: thread pools, caches
+digest, tokens = hashlib.sha256(), 0
+cpu, wall = time.process_time(), time.perf_counter()
+for window in windows:
+    enc = tokenize(window)
+    tokens += int(enc.offsets[-1])
+    digest.update(enc.ids.astype("int32").tobytes()); digest.update(enc.offsets.astype("int64").tobytes())
+cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+print(json.dumps({"cpu": cpu, "wall": wall, "tokens": tokens, "ids": digest.hexdigest()}))
+"""
 
 
-def measure(processes: int, threads: int, backend_json: str, plain: bool, windows: list[list[str]]) -> float:
-    """Tokens per second of `processes` x `threads` over all `windows` (dealt round-robin)."""
-    ctx = mp.get_context("spawn")  # a fresh Rayon pool per process, sized by its environment
-    barrier, results = ctx.Barrier(processes), ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(threads, backend_json, plain, windows[p::processes], barrier, results))
-             for p in range(processes)]
-    for proc in procs:
-        proc.start()
-    done = [results.get() for _ in procs]
-    for proc in procs:
-        proc.join()
-    return sum(d[2] for d in done) / (max(d[1] for d in done) - min(d[0] for d in done))
+def measure(checkout: Path, backend: str | None, bounded: bool, threads: int, corpus: Path, tokenizer: Path,
+            window_rows: int) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(checkout), "TOKENIZERS_PARALLELISM": "true" if threads != 1 else "false"}
+    if threads:
+        env["RAYON_NUM_THREADS"] = str(threads)
+    else:
+        env.pop("RAYON_NUM_THREADS", None)
+    arg = json.dumps({"corpus": str(corpus), "tokenizer": str(tokenizer), "backend": backend, "bounded": bounded,
+                      "window_rows": window_rows})
+    done = subprocess.run([sys.executable, "-c", CHILD, arg], cwd=checkout, env=env, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(done.stderr[-2000:])
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -57,20 +72,33 @@ def main() -> None:
     parser.add_argument("--tokenizer", type=Path, required=True, help="directory with tokenizer.json and vocab.txt")
     parser.add_argument("--docs", type=int, default=40_000)
     parser.add_argument("--window-rows", type=int, default=256)
-    parser.add_argument("--cpus", type=int, default=os.cpu_count())
+    parser.add_argument("--threads", default="1,0", help="Rayon threads per process, comma-separated; 0 = every core")
+    parser.add_argument("--old-checkout", type=Path, help="a pooljobs checkout whose default tokenizing is the anchor")
     args = parser.parse_args()
-    texts = make_corpus(args.tokenizer, args.docs)
-    windows = [texts[i : i + args.window_rows] for i in range(0, len(texts), args.window_rows)]
-    backend_json = (args.tokenizer / "tokenizer.json").read_text()
-    print(f"# {args.docs:,} docs in windows of {args.window_rows} rows, {args.cpus} CPUs")
-    print("| processes | threads each | tokens/s | per CPU | model's normalizer: tokens/s | twin / model |")
-    print("|---|---|---|---|---|---|")
-    splits = [(1, 1), (args.cpus, 1), (args.cpus - 1, 1), (args.cpus // 2, 2), (args.cpus // 4, 4), (1, args.cpus)]
-    for processes, threads in dict.fromkeys(s for s in splits if s[0] >= 1):
-        rate, model = (measure(processes, threads, backend_json, plain, windows) for plain in (True, False))
-        print(f"| {processes} | {threads} | {rate:,.0f} | {rate / (processes * threads):,.0f} | {model:,.0f} | {rate / model:.2f}x |",
-              flush=True)
 
+    kind = json.loads((args.tokenizer / "tokenizer.json").read_text())["model"]["type"]
+    fast = {"WordPiece": "nanotoken", "BPE": "gigatoken"}.get(kind)
+    paths = ([(f"old ({args.old_checkout})", args.old_checkout, None, False)] if args.old_checkout else []) + [
+        ("reference: HF tokenizers, whole texts", ROOT, "reference", False),
+        ("HF tokenizers, bounded prefix", ROOT, "tokenizers", True)] + (
+        [(f"{fast}, bounded prefix", ROOT, fast, True)] if fast else [])
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus = Path(tmp) / "corpus.json"
+        corpus.write_text(json.dumps(make_corpus(args.tokenizer, args.docs)))
+        print(f"# {args.docs:,} docs ({args.tokenizer.name}) in windows of {args.window_rows}, {os.cpu_count()} CPUs, "
+              f"load average {os.getloadavg()[0]:.1f}")
+        print("| path | threads | tokens | CPU-s per 1M tokens | tokens/s (wall) | CPU-s vs first | ids |")
+        print("|---|---|---|---|---|---|---|")
+        for threads in (int(t) for t in args.threads.split(",")):
+            runs = [(name, measure(checkout, backend, bounded, threads, corpus, args.tokenizer / "tokenizer.json",
+                                   args.window_rows)) for name, checkout, backend, bounded in paths]
+            anchor = runs[0][1]["cpu"] / runs[0][1]["tokens"] * 1e6
+            reference = next(got["ids"] for name, got in runs if name.startswith("reference"))
+            for name, got in runs:
+                per_m = got["cpu"] / got["tokens"] * 1e6
+                same = "= reference" if got["ids"] == reference else "DIFFER"
+                print(f"| {name} | {threads or 'all'} | {got['tokens']:,} | {per_m:.3f} | {got['tokens'] / got['wall']:,.0f} | "
+                      f"{per_m / anchor:.3f} | {same} |", flush=True)
 
 if __name__ == "__main__":
     main()

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, 
 from states.options import (
     CALIBRATED_DTYPES, COMPILE_CHOICES, DTYPE_NAMES, EXECUTIONS, OUTPUT_DTYPES, POOLING_MODES, TASKS, ModelOptions,
 )
-from workers.options import UnitOptions
+from workers.options import TOKENIZE_IN, UnitOptions
 
 INPUT_FORMATS = ("auto", "parquet", "ipc", "jsonl", "csv")
 OVERLONG = ("truncate", "chunk")
@@ -90,6 +90,9 @@ class JobSpec(BaseModel):
     max_tokens: PositiveInt | None = _f(None, "token budget per forward (default: sized from free device memory)")
     num_workers: PositiveInt | None = _f(None, "actors to start (default: one per GPU, or one CPU worker without GPUs)")
     max_retries: NonNegativeInt = _f(3, "times a failing unit is retried before it is recorded as failed")
+    tokenize_in: str = _f("auto", "where a worker tokenizes: threads of its own, or Ray CPU tasks (spread over the "
+                          "cluster's CPUs); auto: threads, except tasks for a GPU worker without an exact fast tokenizer",
+                          TOKENIZE_IN)
     overwrite: bool = _f(False, "replace an output directory written with other settings or by something else")
     backend: str = _f("auto", "ray (actors), local (in this process), or auto", BACKENDS)
     address: str | None = _f(None, "Ray address (default: the job's cluster, else a local Ray without dashboard)")
@@ -178,7 +181,7 @@ class JobSpec(BaseModel):
         """The options that change output values or layout; a resume must match them."""
         skip = {"input", "output", "num_workers", "max_retries", "overwrite", "backend", "address",
                 "storage_options", "progress", "max_tokens", "window_rows", "device", "on_error",
-                "compile", "exact_gelu"}
+                "compile", "exact_gelu", "tokenize_in"}
         return {name: getattr(self, name) for name in type(self).model_fields if name not in skip}
 
 

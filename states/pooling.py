@@ -9,6 +9,7 @@ several modes concatenated in order and `include_prompt=False` (the first
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -66,3 +67,14 @@ def finish(pooled: torch.Tensor, normalize: bool, dim: int | None) -> torch.Tens
             raise ValueError(f"dim={dim} exceeds the model's embedding size {pooled.shape[1]}")
         pooled = pooled[:, :dim]
     return F.normalize(pooled, p=2, dim=1) if normalize else pooled
+
+
+def mean_of_windows(embeddings: np.ndarray, starts: np.ndarray, normalize: bool) -> np.ndarray:
+    """One embedding per text from its windows' (overlong="chunk"): embeddings (M, D), rows
+    grouped by text with each text's first row at `starts` (N,) -> (N, D) means, L2
+    renormalized when the model normalizes (a mean of unit vectors is shorter)."""
+    counts = np.diff(np.append(starts, len(embeddings)))  # (N,)
+    mean = np.add.reduceat(embeddings, starts, axis=0) / counts[:, None]
+    if normalize:
+        mean /= np.maximum(np.linalg.norm(mean, axis=1, keepdims=True), 1e-12)
+    return mean

@@ -75,8 +75,16 @@ def score_activation(pipeline: Pipeline, config) -> nn.Module:
     return modules.activation(saved) if saved else nn.Sigmoid()
 
 
+CPU_TOKEN_BUDGET = 16_384  # tokens per forward on a CPU, where memory is not the limit
+FREE_MEMORY_SHARE = 4  # one layer's activations may use 1/4 of the free device memory
+HIDDEN_VALUES_PER_TOKEN = 6  # hidden-sized activations one layer keeps per token (q, k, v, output, residuals)
+MIN_TOKEN_BUDGET = 2048
+MAX_TOKEN_BUDGET = 1 << 19
+
+
 class Runtime:
-    """Everything a worker needs to turn packs into outputs for one model."""
+    """Everything a worker needs to turn packs into outputs for one model
+    (`states.contract.WorkerRuntime`)."""
 
     def __init__(self, options: ModelOptions) -> None:
         self.options = options
@@ -167,6 +175,23 @@ class Runtime:
             return None
         id2label = getattr(self.state.config, "id2label", None) or {}
         return [str(id2label.get(i, i)) for i in range(self.state.config.num_labels)]
+
+    @property
+    def packed(self) -> bool:
+        """Whether packs run packed (varlen attention) rather than padded."""
+        return self.state.packed
+
+    def token_budget(self) -> int:
+        """Tokens per forward: `CPU_TOKEN_BUDGET` on a CPU; on CUDA sized so one layer's
+        activations (`HIDDEN_VALUES_PER_TOKEN` x hidden + intermediate values per token)
+        use a `FREE_MEMORY_SHARE`th of the free memory."""
+        if self.device.type != "cuda":
+            return CPU_TOKEN_BUDGET
+        free, _ = torch.cuda.mem_get_info(self.device)
+        hidden = getattr(self.state.config, "hidden_size", 1024)
+        inter = getattr(self.state.config, "intermediate_size", 4 * hidden)
+        per_token = (HIDDEN_VALUES_PER_TOKEN * hidden + inter) * torch.finfo(self.dtype).bits // 8
+        return int(max(MIN_TOKEN_BUDGET, min(MAX_TOKEN_BUDGET, free // FREE_MEMORY_SHARE // per_token)))
 
     def fingerprint(self) -> str:
         return fingerprint(self.model_dir)

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+TOKENIZE_IN = ("auto", "threads", "tasks")
+
 
 @dataclass(frozen=True)
 class UnitOptions:
@@ -24,4 +26,5 @@ class UnitOptions:
     output_dtype: str = "float32"
     on_error: str = "quarantine"  # quarantine | fail
     max_retries: int = 3  # a tokenizing task's retries
+    tokenize_in: str = "auto"  # threads | tasks (Ray CPU tasks) | auto: tasks only for a GPU worker without a fast tokenizer
     storage_options: dict[str, Any] = field(default_factory=dict)  # pyarrow.fs options for URIs

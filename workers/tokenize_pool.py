@@ -1,19 +1,14 @@
-"""Where windows get tokenized: Ray CPU tasks (GPU workers) or a thread of this process.
+"""Where windows get tokenized: a thread of this process, or Ray CPU tasks.
 
-A GPU worker cannot tokenize fast enough itself: one process tops out near the forward
-rate of a BERT-base, and its Python work (turning encodings into arrays) takes the GIL
-from the thread launching the forward. So a GPU worker sends each window to a Ray task
-on a CPU (single-threaded; parallelism is the number of tasks, scaled by Ray across the
-cluster's CPUs) and receives flat int32 arrays through the object store. Ray retries a
-task whose process dies. Workers without a GPU tokenize in one background thread, where
-the Rust tokenizer spreads each batch over the host's cores.
-
-Texts cross to the tasks once per read part (`put`: an Arrow table in the object store,
-read zero-copy), and each window's task gets only row numbers within the parts it spans.
-Sending each window's texts as task arguments cost the GPU worker 2-3 ms of its own
-(GIL-holding) time per window on the H200 host, which capped windows at a few hundred a
-second, so they had to be large (256 rows, ~115 ms to tokenize), and the device waited
-for them at the start of a unit.
+`ThreadTokenizer` (the default): one background thread, in order; the fast backends and
+HF `tokenizers` spread each batch over the host's cores and release the GIL, so the
+thread launching the forward keeps running. `RayTokenizer` (`tokenize_in="tasks"`, or
+"auto" for a GPU worker whose tokenizer has no exact fast backend): each window in a
+single-threaded Ray CPU task (parallelism is the number of tasks, scaled by Ray across the
+cluster's CPUs), flat int32 arrays back through the object store; Ray retries a task
+whose process dies. Texts cross to the tasks once per read part (`put`: an Arrow table in
+the object store, read zero-copy), and each window's task gets only row numbers within
+the parts it spans, so sending a window costs the worker little of its own GIL time.
 """
 
 from __future__ import annotations
@@ -91,10 +86,9 @@ def _encode_task(key: str, spec_ref: list, rows: np.ndarray, segments: list[Segm
 
 def _warm_task(key: str, spec_ref: list, segments: list[Segment], hold: float) -> str:
     """Tokenize a one-row window the way `_encode_task` does, building the tokenizer and
-    fetching a part (when warm-up only built the tokenizer, each of a first run's first
-    windows took 0.3-0.5 s in its task on the H200 host, against ~0.1 s after); then stay
-    busy for `hold` seconds (warm-up tasks that end at once would all reuse the first
-    process, and Ray would start the others mid-run); returns which process this is."""
+    fetching a part (a first fetch in a process is slow); then stay busy for `hold`
+    seconds (warm-up tasks that end at once would all reuse the first process, and Ray
+    would start the others mid-run); returns which process this is."""
     import ray
 
     _encode_task(key, spec_ref, np.zeros(1, np.int64), segments)
@@ -125,12 +119,12 @@ class RayTokenizer:
 
     def warm_up(self, rounds: int = 3) -> None:
         """One task per free CPU, side by side, at load time: Ray starts task processes on
-        demand (a second or more of CPU each, measured to slow a cold run's tokenizing
-        2.5x), and each builds the tokenizer once; not during the first units.
+        demand (a second or more of CPU each), and each builds the tokenizer once; not
+        during the first units.
 
         Repeated (up to `rounds` times) until one round ran in as many processes as tasks:
         a process that came up after another had finished its hold is left without a task,
-        so without its tokenizer (15 tasks found 14 processes on a loaded 2-core machine)."""
+        so without its tokenizer."""
         import ray
 
         free = max(1, int(ray.available_resources().get("CPU", 1)))
@@ -142,3 +136,6 @@ class RayTokenizer:
 
     def close(self) -> None:
         pass
+
+
+Tokenizing = ThreadTokenizer | RayTokenizer  # put a part's texts, submit a window's rows, close

@@ -1,19 +1,17 @@
 """Running one work unit: read -> tokenize -> pack -> forward -> pool -> write.
 
-Model-agnostic: everything model-specific is behind `Runtime.compute`. The same
+Model-agnostic: the model is behind `states.contract.WorkerRuntime`. The same
 `UnitRunner` runs in-process (tests, `backend="local"`) and inside the Ray actor, which
-only holds it. A feed thread reads the unit (its first row group first) and sends each
-window to tokenizing as soon as its rows are read (to Ray CPU tasks for a GPU worker,
-else to a background thread: `workers.tokenize_pool`); windows are forwarded in order,
-merged into launch groups that grow from `FIRST_GROUP_TOKENS` to `GROUP_TOKENS`. Packs
-launch asynchronously; each group's outputs come home in one non-blocking copy, and a
-writer thread encodes them into the shard (`ShardWriter`) once the device is past them,
-so when the last pack finishes only its group is left to write. Each stage runs in a
-`pooljobs.*` profiler range (`python -m bench.timeline` splits the device's idle time by
-them). `run` may be called from two threads at once: units launch one at a time, in the
-order `run` was called, which is also the order they are read and tokenized in (a unit
-that took the device first would wait on windows queued behind the other's); the next
-one's packs queue right behind, and meanwhile a third is read and tokenized.
+only holds it. A feed thread reads the unit (`workers.feed`) and sends each window to
+tokenizing as soon as its rows are read (`workers.tokenize_pool`); windows are forwarded
+in order, merged into launch groups (`workers.batching`). Packs launch asynchronously;
+each group's outputs come home in one non-blocking copy, and a writer thread encodes
+them into the shard (`workers.assemble`, `ShardWriter`) once the device is past them.
+Each stage runs in a `pooljobs.*` profiler range (`python -m bench.timeline`).
+
+`run` may be called from two threads at once: units launch one at a time, in the order
+`run` was called, which is also the order they are read and tokenized in; the next one's
+packs queue right behind, and meanwhile a third is read and tokenized.
 """
 
 from __future__ import annotations
@@ -22,33 +20,32 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
-from queue import SimpleQueue
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
+from queue import SimpleQueue
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 from torch.profiler import record_function
 
-from states.runtime import Runtime
-from workers import storage
-from workers.packing import PackPlan, build_pack, plan_packs
-from workers.reader import Unit, read_unit_parts, text_column
-from workers.tokenize import Encoded, EncodedWindow, TokenizerSpec
-from workers.tokenize_pool import RayTokenizer, ThreadTokenizer, part_table
+from states.contract import WorkerRuntime
+from workers.assemble import errors_table, in_input_order, shard_part
+from workers import batching, storage
+from workers.batching import MAX_SEQS_PER_PACK, WindowStream, launch_groups
+from workers.feed import UnitInput, feed_unit
 from workers.options import UnitOptions
-from workers.writer import ShardWriter, output_columns, write_table
+from workers.packing import PackPlan, build_pack, plan_packs
+from workers.reader import Unit
+from workers.tokenize import REFERENCE, Encoded, EncodedWindow
+from workers.tokenize_pool import RayTokenizer, ThreadTokenizer, Tokenizing
+from workers.tokenizer_choice import choose_tokenizer
+from workers.version import VERSION
+from workers.writer import ShardWriter, write_table
 
-VERSION = "0.4.0"  # launch groups ramp up by tokens, not one per ramp window (packs, so float bits, changed)
-MAX_SEQS_PER_PACK = 4096
-RAMP_ROWS = 16
-RAMP_GROWTH = 1.25
-GROUP_TOKENS = 1 << 17  # tokenized windows merged into one launch group, up to this many tokens
-FIRST_GROUP_TOKENS = 1 << 14  # a unit's first launch group; the next ones double (`group_targets`)
 WARM_IN_FLIGHT = 4  # copies of each warm-up pack queued at once (a unit keeps several packs in flight)
+
+__all__ = ["VERSION", "RowError", "UnitResult", "UnitRunner"]
 
 
 class RowError(ValueError):
@@ -78,58 +75,24 @@ class UnitResult:
 
 
 @dataclass
-class UnitInput:
-    """What the reading of a unit leaves besides its windows."""
+class Launched:
+    """A unit's launch groups so far: their writer futures and counts."""
 
-    keys: tuple[str, pa.Array]  # (name, values): the output key column
-    bad: dict[int, str]  # unit row -> why it cannot be processed (null text, invalid UTF-8)
+    parts: list[Future] = field(default_factory=list)  # each group's (device seconds, write seconds)
+    rejected: dict[int, str] = field(default_factory=dict)  # unit row -> why the tokenizer left it out
+    tokens: int = 0
+    padded: int = 0
+    truncated: int = 0
+    tokenize_seconds: float = 0.0
+    wait_seconds: float = 0.0  # the launching thread waiting for tokens
 
-
-class _Stream:
-    """The windows a feed puts on a queue, taken in order, with a look at the next one;
-    None once the feed is done. Looking ahead only when asked keeps a launch from
-    waiting on a window that is not needed to decide it."""
-
-    def __init__(self, queue: SimpleQueue) -> None:
-        self._queue, self._head, self._done = queue, None, False
-
-    def peek(self):
-        if self._head is None and not self._done:
-            self._head = self._queue.get()
-            self._done = self._head is None
-        return self._head
-
-    def pop(self):
-        item, self._head = self.peek(), None
-        return item
-
-
-def default_max_tokens(runtime: Runtime) -> int:
-    """Token budget per forward: CPU a fixed 16k; CUDA sized so one layer's activations
-    (about hidden*6 + intermediate values per token) use a quarter of free memory."""
-    if runtime.device.type != "cuda":
-        return 16_384
-    free, _ = torch.cuda.mem_get_info(runtime.device)
-    cfg = runtime.state.config
-    hidden = getattr(cfg, "hidden_size", 1024)
-    inter = getattr(cfg, "intermediate_size", 4 * hidden)
-    per_token = (6 * hidden + inter) * torch.finfo(runtime.dtype).bits // 8
-    return int(max(2048, min(1 << 19, free // 4 // per_token)))
-
-
-def group_targets() -> Iterator[int]:
-    """Tokens each launch group of a unit holds at least: `FIRST_GROUP_TOKENS`, doubling
-    up to `GROUP_TOKENS`.
-
-    A launch costs the host 9-25 ms of Python on the H200 (as much in a process as in a Ray
-    actor, `bench.groups --in-process`), whatever the pack's size; launched one by one,
-    the 13 ramp windows that start a unit took 0.3-0.7 s of host time for ~100k tokens
-    (~45 ms of device time). A few groups growing from 16k tokens still start the device
-    early, as soon as the first small windows are tokenized."""
-    target = min(FIRST_GROUP_TOKENS, GROUP_TOKENS)
-    while True:
-        yield target
-        target = min(2 * target, GROUP_TOKENS)
+    def add(self, window: EncodedWindow, part: Future, padded: int) -> None:
+        self.parts.append(part)
+        self.rejected.update(window.rejected)
+        self.tokens += window.tokens
+        self.padded += padded
+        self.truncated += int(window.encoded.truncated.sum())
+        self.tokenize_seconds += window.seconds
 
 
 def _synthetic(ids: np.ndarray, total: int, longest: int) -> Encoded:
@@ -140,37 +103,6 @@ def _synthetic(ids: np.ndarray, total: int, longest: int) -> Encoded:
     offsets = np.concatenate([[0], np.cumsum(lengths)])
     n = len(lengths)
     return Encoded(np.resize(ids, total), offsets, None, np.zeros(n, bool), np.arange(n), np.zeros(n, np.int32))
-
-
-def window_sizes(window_rows: int) -> Iterator[int]:
-    """Window sizes in rows: growing by `RAMP_GROWTH` from `RAMP_ROWS` to `window_rows`.
-
-    All windows tokenize side by side, each in one task, so a window of n rows is ready
-    after about n / (one CPU's rate); a gentle ramp makes them arrive one after another,
-    so the first launch group (a few small windows, `group_targets`) is ready within tens
-    of milliseconds instead of a full-size window's time (~0.12 s for 256 rows of ~100 tokens)."""
-    size = min(RAMP_ROWS, window_rows)
-    while True:
-        yield size
-        size = min(window_rows, max(size + 1, int(size * RAMP_GROWTH)))
-
-
-class WindowCutter:
-    """Cuts a unit's usable rows 0, 1, 2, ... into windows of `window_sizes` as they
-    become known, part by part: the windows are the same however the rows arrive."""
-
-    def __init__(self, window_rows: int) -> None:
-        self._sizes = window_sizes(window_rows)
-        self._start, self._size = 0, next(self._sizes)
-
-    def take(self, known: int, last: bool) -> list[tuple[int, int]]:
-        """[start, stop) windows complete among the first `known` rows; with `last`
-        (all rows known), also the final partial one."""
-        windows = []
-        while self._start + self._size <= known or (last and self._start < known):
-            windows.append((self._start, min(known, self._start + self._size)))
-            self._start, self._size = self._start + self._size, next(self._sizes)
-        return windows
 
 
 class DeviceTimer:
@@ -201,19 +133,23 @@ class DeviceTimer:
 
 
 class UnitRunner:
-    def __init__(self, options: UnitOptions, runtime: Runtime, model_sha256: str | None = None,
+    def __init__(self, options: UnitOptions, runtime: WorkerRuntime, model_sha256: str | None = None,
                  tokenize_in_tasks: bool = False) -> None:
         """`model_sha256`: the driver's hash of the model files, so each worker need not
         read all the weights again to stamp its shards (computed here when absent).
-        `tokenize_in_tasks`: tokenize in Ray CPU tasks (for GPU workers inside Ray)."""
+        `tokenize_in_tasks`: Ray CPU tasks are at hand (a GPU worker inside Ray); with
+        `tokenize_in="auto"` they are used only when no fast tokenizer passed its checks."""
         self.options = options
         self.runtime = runtime
-        self.tokenizer_spec = TokenizerSpec.from_hf(self.runtime.tokenizer, self.runtime.max_length, self.runtime.prompt,
-                                                    chunk=options.overlong == "chunk", stride=options.chunk_stride)
-        self.tokenizer = (RayTokenizer(self.tokenizer_spec, options.max_retries) if tokenize_in_tasks
-                          else ThreadTokenizer(self.tokenizer_spec))
-        self.max_tokens = options.max_tokens or default_max_tokens(self.runtime)
-        self.worker = f"{socket.gethostname()}:{self.runtime.device}"
+        self.choice = choose_tokenizer(runtime.tokenizer, runtime.max_length, runtime.prompt,
+                                       chunk=options.overlong == "chunk", stride=options.chunk_stride,
+                                       pairs=options.pair_column is not None)
+        self._in_tasks = options.tokenize_in == "tasks" or (options.tokenize_in == "auto" and tokenize_in_tasks
+                                                            and self.choice.spec.backend == REFERENCE)
+        self.tokenizer = self._tokenizer()
+        self._rows_checked = False
+        self.max_tokens = options.max_tokens or runtime.token_budget()
+        self.worker = f"{socket.gethostname()}:{runtime.device}"
         self._order = threading.Lock()  # feeds and device turns are handed out in one order
         self._last_turn = threading.Event()  # set when the latest unit has queued all its packs
         self._last_turn.set()
@@ -221,9 +157,26 @@ class UnitRunner:
         # Units are read and their windows sent to the tokenizer from a thread of their own,
         # in order, so sending (a Ray task each) never delays a launch.
         self._feeds = ThreadPoolExecutor(max_workers=1, thread_name_prefix="feed")
-        self.metadata = {"pooljobs_version": VERSION, **self.runtime.provenance(),
-                         "output_dtype": options.output_dtype, "model_sha256": model_sha256 or self.runtime.fingerprint()}
+        self.metadata = {"pooljobs_version": VERSION, **runtime.provenance(), **self.choice.provenance(),
+                         "output_dtype": options.output_dtype, "model_sha256": model_sha256 or runtime.fingerprint()}
         self._schema_metadata = {"pooljobs": json.dumps(self.metadata)}  # every shard's Parquet metadata
+
+    def _tokenizer(self) -> Tokenizing:
+        spec = self.choice.spec
+        return RayTokenizer(spec, self.options.max_retries) if self._in_tasks else ThreadTokenizer(spec)
+
+    def _tokenizer_for(self, first_texts: list[str]) -> Tokenizing:
+        """The tokenizer for a unit (on the feed thread, before its first window): the
+        worker's first unit checks the chosen backend on its first rows, and falls back
+        to the reference (recorded in the shards' provenance) on a mismatch."""
+        if not self._rows_checked and first_texts:
+            self._rows_checked = True
+            if self.choice.check_rows(first_texts):
+                self.tokenizer.close()
+                self.tokenizer = self._tokenizer()
+                self.metadata.update(self.choice.provenance())
+                self._schema_metadata = {"pooljobs": json.dumps(self.metadata)}
+        return self.tokenizer
 
     def warm_up(self) -> None:
         """At load time, before the first unit: tokenizing processes start (Ray tasks), and
@@ -236,14 +189,10 @@ class UnitRunner:
     def warm_device(self) -> None:
         """Forward synthetic packs from 1,024 tokens, doubling, up to the largest launch
         group's (`max_tokens` or a full group plus one window of the longest rows), each
-        `WARM_IN_FLIGHT` times queued with its outputs copied home, as a unit does.
-
-        Otherwise a worker's first unit pays for growing the device's and the pinned host
-        memory pools (blocking allocator calls between launches) and for kernels' first
-        use: on the H200 a first run after load took 3.30 s for 40,000 docs (bert-base
-        shape) that a second run did in 2.15 s."""
+        `WARM_IN_FLIGHT` times queued with its outputs copied home, as a unit does: the
+        device's and the pinned host memory pools grow, and kernels load, before the first unit."""
         ids = np.asarray(self.runtime.tokenizer("pooljobs warm-up: a short text.")["input_ids"], np.int32)
-        group = GROUP_TOKENS + self.options.window_rows * self.runtime.max_length
+        group = batching.GROUP_TOKENS + self.options.window_rows * self.runtime.max_length
         total = min(1024, self.max_tokens, group)
         try:
             while True:
@@ -261,14 +210,85 @@ class UnitRunner:
             if self.runtime.device.type == "cuda":
                 torch.cuda.synchronize(self.runtime.device)
 
-    # -- the stages -----------------------------------------------------------------
-    def _texts(self, unit: Unit, table: pa.Table) -> tuple[list, list | None, list[str | None]]:
-        texts, reasons = text_column(table, self.options.text_column, unit.uri)
-        pairs = None
-        if self.options.pair_column:
-            pairs, pair_reasons = text_column(table, self.options.pair_column, unit.uri)
-            reasons = [a or (b and f"{self.options.pair_column}: {b}") for a, b in zip(reasons, pair_reasons)]
-        return texts, pairs, reasons
+    def run(self, unit: Unit) -> UnitResult:
+        t0 = time.perf_counter()
+        queue: SimpleQueue = SimpleQueue()
+        with self._order:
+            feed = self._feeds.submit(feed_unit, unit, self.options, self._tokenizer_for, queue)  # runs ahead of the device
+            turn, done = self._last_turn, threading.Event()
+            self._last_turn = done
+        shard = ShardWriter(storage.join(self._out(), "data", f"{unit.name}.parquet"), self.options.storage_options)
+        launched = Launched()
+        try:
+            try:
+                turn.wait()
+                self._launch_groups(WindowStream(queue), shard, feed, launched)
+            finally:
+                done.set()  # the next unit's packs may queue behind this one's
+            source = feed.result()  # raises the read's error, if any
+            device_s = write_s = 0.0
+            for part in launched.parts:
+                device, write = part.result()
+                device_s, write_s = device_s + device, write_s + write
+            bad = self._bad_rows(unit, source, launched)
+            t = time.perf_counter()
+            with record_function("pooljobs.commit"):
+                if bad:
+                    write_table(storage.join(self._out(), "_errors", f"{unit.name}.parquet"),
+                                errors_table(unit, source.keys, bad), self.options.storage_options)
+                nbytes, checksum = shard.commit()
+            commit_s = time.perf_counter() - t  # on the critical path for the last unit
+        except BaseException:
+            wait(launched.parts)  # the writer thread is done with the shard
+            shard.abort()
+            raise
+        clock = {"read": source.read_seconds, "tokenize": launched.tokenize_seconds,
+                 "wait_tokens": launched.wait_seconds, "forward": device_s, "write": write_s, "commit": commit_s}
+        key_values = source.keys[1]
+        duplicates = len(key_values) - len(pc.unique(key_values)) if self.options.id_column else 0
+        return UnitResult(unit.name, shard.rows, len(bad), launched.tokens, launched.padded, launched.truncated,
+                          duplicates, checksum, nbytes, shard.schema.remove_metadata().to_string(),
+                          self.worker, clock, time.perf_counter() - t0)
+
+    def _bad_rows(self, unit: Unit, source: UnitInput, launched: Launched) -> dict[int, str]:
+        """Unit row -> why it is quarantined; with on_error='fail', `RowError` for the first."""
+        bad = {**source.bad, **launched.rejected}
+        if bad and self.options.on_error == "fail":
+            row = min(bad)
+            uri, file_row = unit.locate(row + 1)[row]
+            raise RowError(f"{uri}: row {file_row}: {bad[row]} (on_error='fail')")
+        return bad
+
+    def _launch_groups(self, windows: WindowStream, shard: ShardWriter, source: Future, launched: Launched) -> None:
+        """Launch the unit's windows group by group (`batching.launch_groups`), each
+        group's packs on the device and its rows queued for the writer thread."""
+        groups = launch_groups(windows)
+        while True:
+            t = time.perf_counter()
+            with record_function("pooljobs.wait_tokens"):
+                window = next(groups, None)
+            launched.wait_seconds += time.perf_counter() - t
+            if window is None:
+                return
+            with record_function("pooljobs.launch"):
+                part, padded = self._launch(window, shard, source)
+            launched.add(window, part, padded)
+
+    def _launch(self, window: EncodedWindow, shard: ShardWriter, source: Future) -> tuple[Future, int]:
+        """Queue a launch group's packs on the device and its rows for the writer thread;
+        (the writer's future, tokens the device computes, padding included)."""
+        enc, lengths, packed = window.encoded, window.encoded.lengths, self.runtime.packed
+        timer = DeviceTimer(self.runtime.device)
+        rows, chunks, outputs, padded = [], [], [], 0
+        for plan in plan_packs(lengths, self.max_tokens, MAX_SEQS_PER_PACK, packed):
+            for pack_rows, out in self._forward(enc, plan):
+                padded += int(lengths[pack_rows].sum()) if packed else len(pack_rows) * int(lengths[pack_rows].max())
+                rows.append(window.kept[enc.source[pack_rows]])
+                chunks.append(enc.chunk[pack_rows])
+                outputs.append(out)
+        host = self._to_host(outputs)  # not waited for: the writer waits for the device to pass `timer`
+        timer.stop()
+        return self._writes.submit(self._write_part, shard, source, rows, chunks, host, timer), padded
 
     def _forward(self, encoded: Encoded, plan: PackPlan) -> list[tuple[np.ndarray, dict[str, torch.Tensor]]]:
         """Launch one pack (asynchronously on CUDA); on out-of-memory, halve the budget
@@ -288,146 +308,6 @@ class UnitRunner:
             half = len(plan.rows) // 2
             return self._forward(encoded, PackPlan(plan.rows[:half])) + self._forward(encoded, PackPlan(plan.rows[half:]))
 
-    def _feed(self, unit: Unit, windows: SimpleQueue, clock: dict[str, float]) -> UnitInput:
-        """Read the unit part by part and send its windows to the tokenizer as soon as
-        their rows are read (on the feed thread); each one's pending tokens go to
-        `windows`, then None. Windows are cut from the usable rows by `WindowCutter`, the
-        same whatever the parts, so a rerun tokenizes and packs the same rows together."""
-        options = self.options
-        columns = list(dict.fromkeys(c for c in (options.text_column, options.pair_column, options.id_column) if c))
-        reasons: list[str | None] = []
-        tables: list[pa.Table] = []
-        parts, starts = [], []  # each read part's texts as the tokenizer holds them, and its first row
-        good: list[int] = []
-        cutter = WindowCutter(options.window_rows)
-
-        def send(start: int, stop: int) -> None:
-            rows = np.array(good[start:stop], dtype=np.int64)
-            part = np.searchsorted(starts, rows, side="right") - 1
-            segments = [(parts[i], rows[part == i] - starts[i]) for i in np.unique(part)] or [(parts[-1], rows)]
-            with record_function("pooljobs.submit"):
-                pending = self.tokenizer.submit(rows, segments)
-            windows.put(pending)
-
-        try:
-            reading = read_unit_parts(unit, columns, options.storage_options)
-            while True:
-                t = time.perf_counter()
-                with record_function("pooljobs.read"):
-                    table = next(reading, None)
-                    if table is not None:
-                        part_texts, part_pairs, part_reasons = self._texts(unit, table)
-                        starts.append(len(reasons))
-                        parts.append(self.tokenizer.put(part_table(part_texts, part_pairs)))
-                clock["read"] += time.perf_counter() - t
-                if table is None:
-                    break
-                good.extend(len(reasons) + i for i, r in enumerate(part_reasons) if r is None)
-                reasons += part_reasons
-                tables.append(table)
-                for start, stop in cutter.take(len(good), last=False):
-                    send(start, stop)
-            for start, stop in cutter.take(len(good), last=True):
-                send(start, stop)
-            if not good:  # no usable row still makes one (empty) window, so the shard gets its columns
-                send(0, 0)
-            table = pa.concat_tables(tables)
-            return UnitInput(self._keys(unit, table), {i: r for i, r in enumerate(reasons) if r is not None})
-        finally:
-            windows.put(None)
-
-    def run(self, unit: Unit) -> UnitResult:
-        options = self.options
-        clock = {"read": 0.0, "tokenize": 0.0, "wait_tokens": 0.0, "forward": 0.0, "write": 0.0, "commit": 0.0}
-        t0 = time.perf_counter()
-        queue: SimpleQueue = SimpleQueue()
-        with self._order:
-            feed = self._feeds.submit(self._feed, unit, queue, clock)  # tokenizing runs ahead of the device
-            turn, done = self._last_turn, threading.Event()
-            self._last_turn = done
-        shard = ShardWriter(storage.join(self._out(), "data", f"{unit.name}.parquet"), options.storage_options)
-        parts: list[Future] = []
-        try:
-            rejected, tokens, padded, truncated = self._launch_groups(turn, done, _Stream(queue), shard, feed, parts, clock)
-            source = feed.result()  # raises the read's error, if any
-            for part in parts:
-                device_s, write_s = part.result()
-                clock["forward"] += device_s
-                clock["write"] += write_s
-
-            bad = {**source.bad, **rejected}
-            if bad and options.on_error == "fail":
-                row = min(bad)
-                uri, file_row = unit.locate(row + 1)[row]
-                raise RowError(f"{uri}: row {file_row}: {bad[row]} (on_error='fail')")
-            t = time.perf_counter()
-            with record_function("pooljobs.commit"):
-                if bad:
-                    self._write_errors(unit, source.keys, bad)
-                nbytes, checksum = shard.commit()
-            clock["commit"] = time.perf_counter() - t  # on the critical path for the last unit
-        except BaseException:
-            wait(parts)  # the writer thread is done with the shard
-            shard.abort()
-            raise
-        key_values = source.keys[1]
-        duplicates = len(key_values) - len(pc.unique(key_values)) if options.id_column else 0
-        return UnitResult(unit.name, shard.rows, len(bad), tokens, padded, truncated, duplicates, checksum, nbytes,
-                          shard.schema.remove_metadata().to_string(), self.worker, clock, time.perf_counter() - t0)
-
-    def _launch_groups(self, turn: threading.Event, done: threading.Event, windows: _Stream, shard: ShardWriter,
-                       source: Future, parts: list[Future], clock: dict[str, float]) -> tuple[dict[int, str], int, int, int]:
-        """Launch a unit's windows in launch groups once it is this unit's `turn`, adding
-        each group's writer future to `parts`; (rejected rows, tokens, padded tokens,
-        truncated texts). One unit launches at a time, in turn; the next may start once
-        this one's last pack is queued (`done`), so its packs follow on the device without a gap."""
-        rejected: dict[int, str] = {}
-        tokens = padded = truncated = 0
-        try:
-            turn.wait()
-            targets = group_targets()
-            while (first := windows.pop()) is not None:
-                w = time.perf_counter()
-                target = next(targets)
-                with record_function("pooljobs.wait_tokens"):
-                    group = [first.result()]
-                    # Windows join a launch group until it holds `target` tokens. Decided by
-                    # token counts, never by which windows are ready, so a rerun packs the
-                    # same rows and writes the same bytes.
-                    while sum(g.tokens for g in group) < target and windows.peek() is not None:
-                        group.append(windows.pop().result())
-                clock["wait_tokens"] += time.perf_counter() - w
-                with record_function("pooljobs.launch"):
-                    window = EncodedWindow.concat(group)
-                    part, group_padded = self._launch(window, shard, source)
-                clock["tokenize"] += window.seconds
-                rejected.update(window.rejected)
-                tokens, truncated = tokens + window.tokens, truncated + int(window.encoded.truncated.sum())
-                parts.append(part)
-                padded += group_padded
-        finally:
-            done.set()
-        return rejected, tokens, padded, truncated
-
-    def _launch(self, window: EncodedWindow, shard: ShardWriter, source: Future) -> tuple[Future, int]:
-        """Queue a launch group's packs on the device and its rows for the writer thread;
-        (the writer's future, tokens the device computes, padding included)."""
-        enc, lengths = window.encoded, window.encoded.lengths
-        timer = DeviceTimer(self.runtime.device)
-        rows, chunks, outputs, padded = [], [], [], 0
-        for plan in plan_packs(lengths, self.max_tokens, MAX_SEQS_PER_PACK, self.runtime.state.packed):
-            for pack_rows, out in self._forward(enc, plan):
-                padded += int(lengths[pack_rows].sum()) if self.runtime.state.packed else \
-                    len(pack_rows) * int(lengths[pack_rows].max())
-                rows.append(window.kept[enc.source[pack_rows]])
-                chunks.append(enc.chunk[pack_rows])
-                outputs.append(out)
-        # Not waited for here: the writer thread waits for the device to pass `timer`'s
-        # end, then encodes the rows.
-        host = self._to_host(outputs)
-        timer.stop()
-        return self._writes.submit(self._write_part, shard, source, rows, chunks, host, timer), padded
-
     def _to_host(self, outputs: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         """Packs' outputs -> one non-blocking copy home per output."""
         return {k: torch.cat([o[k] for o in outputs]).to("cpu", non_blocking=True) if outputs
@@ -435,63 +315,17 @@ class UnitRunner:
 
     def _write_part(self, shard: ShardWriter, source: Future, rows: list[np.ndarray],
                     chunks: list[np.ndarray], host: dict[str, torch.Tensor], timer: DeviceTimer) -> tuple[float, float]:
-        """One group of windows' rows into the shard, in input order (on the writer thread, once the
-        device has produced them); (device seconds, host seconds) spent on them."""
+        """One launch group's rows into the shard, in input order (on the writer thread, once
+        the device has produced them); (device seconds, host seconds) spent on them."""
         with record_function("pooljobs.wait_device"):
             device_s = timer.seconds()
         t = time.perf_counter()
         with record_function("pooljobs.write"):
-            self._encode_part(shard, source.result().keys, rows, chunks, host)
+            ordered = in_input_order(rows, chunks, {k: v.numpy() for k, v in host.items()}, self.options,
+                                     self.runtime.normalize)
+            part = shard_part(source.result().keys, *ordered, self.options, self.runtime.labels, self.runtime.ranges)
+            shard.write(part.replace_schema_metadata(self._schema_metadata))
         return device_s, time.perf_counter() - t
-
-    def _encode_part(self, shard: ShardWriter, keys: tuple[str, pa.Array], rows: list[np.ndarray],
-                     chunks: list[np.ndarray], host: dict[str, torch.Tensor]) -> None:
-        """Per-pack rows and their outputs (home, on the host) -> a row group of the shard."""
-        rows, chunks, outputs = self._assemble(rows, chunks, {k: v.numpy() for k, v in host.items()})
-        key_name, key_values = keys
-        columns = {key_name: key_values.take(pa.array(rows, type=pa.int64()))}
-        if self.options.overlong == "chunk" and self.options.chunk_aggregate == "none":
-            columns["chunk"] = pa.array(chunks, type=pa.int32())
-        out = output_columns(outputs, self.options.output_dtype, self.runtime.labels, self.runtime.ranges)
-        part = pa.table({**columns, **out})
-        shard.write(part.replace_schema_metadata(self._schema_metadata))
-
-    def _assemble(self, rows: list[np.ndarray], chunks: list[np.ndarray], outputs: dict[str, np.ndarray]
-                  ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
-        """Per-pack (unit rows, chunk numbers) and the outputs in pack order -> all in input
-        order; with chunk_aggregate='mean', one row per text: the mean of its windows,
-        renormalized when normalizing."""
-        if not rows:
-            return np.zeros(0, np.int64), np.zeros(0, np.int32), outputs
-        rows, chunks = np.concatenate(rows), np.concatenate(chunks)
-        order = np.lexsort((chunks, rows))
-        outputs = {k: v[order] for k, v in outputs.items()}
-        rows, chunks = rows[order], chunks[order]
-        if self.options.overlong != "chunk" or self.options.chunk_aggregate == "none":
-            return rows, chunks, outputs
-        unique, starts, counts = np.unique(rows, return_index=True, return_counts=True)
-        mean = np.add.reduceat(outputs["embedding"], starts, axis=0) / counts[:, None]
-        if self.runtime.normalize:
-            mean /= np.maximum(np.linalg.norm(mean, axis=1, keepdims=True), 1e-12)
-        return unique, np.zeros(len(unique), np.int32), {"embedding": mean}
-
-    def _keys(self, unit: Unit, table: pa.Table) -> tuple[str, pa.Array]:
-        """(name, values): the id column, or `file#row` keys, stable for the same input."""
-        if self.options.id_column:
-            return self.options.id_column, table.column(self.options.id_column).combine_chunks()
-        return "row_key", pa.array(unit.row_keys(table.num_rows), type=pa.string())
-
-    def _write_errors(self, unit: Unit, keys: tuple[str, pa.Array], bad: dict[int, str]) -> None:
-        rows = sorted(bad)
-        key_name, key_values = keys
-        where = unit.locate(rows[-1] + 1)
-        table = pa.table({
-            key_name: key_values.take(pa.array(rows, type=pa.int64())),
-            "file": pa.array([where[r][0] for r in rows]),
-            "row": pa.array([where[r][1] for r in rows], type=pa.int64()),
-            "reason": pa.array([bad[r] for r in rows]),
-        })
-        write_table(storage.join(self._out(), "_errors", f"{unit.name}.parquet"), table, self.options.storage_options)
 
     def _out(self) -> str:
         return self.options.output.rstrip("/")

@@ -4,23 +4,24 @@ from __future__ import annotations
 
 import itertools
 
-import workers.unit
+import workers.batching
 from jobs.plan import list_inputs, plan_units
 from states.runtime import Runtime
-from workers.unit import UnitRunner, group_targets
+from workers.batching import group_targets
+from workers.unit import UnitRunner
 
 
 def test_group_targets_double_up_to_the_full_group(monkeypatch):
-    monkeypatch.setattr(workers.unit, "FIRST_GROUP_TOKENS", 100)
-    monkeypatch.setattr(workers.unit, "GROUP_TOKENS", 1000)
+    monkeypatch.setattr(workers.batching, "FIRST_GROUP_TOKENS", 100)
+    monkeypatch.setattr(workers.batching, "GROUP_TOKENS", 1000)
     assert list(itertools.islice(group_targets(), 6)) == [100, 200, 400, 800, 1000, 1000]
 
 
 def test_windows_join_a_group_until_it_holds_its_target(make_spec, tmp_path, monkeypatch):
     """Each group is the fewest whole windows reaching its target (the last may fall short),
     so the unit's first launch comes after a few small windows, not after a full group."""
-    monkeypatch.setattr(workers.unit, "FIRST_GROUP_TOKENS", 300)
-    monkeypatch.setattr(workers.unit, "GROUP_TOKENS", 2400)
+    monkeypatch.setattr(workers.batching, "FIRST_GROUP_TOKENS", 300)
+    monkeypatch.setattr(workers.batching, "GROUP_TOKENS", 2400)
     spec = make_spec(tmp_path / "o", backend="local", window_rows=64)  # ramp windows 16, 20, 25, ... rows
     unit = plan_units(spec, list_inputs(spec))[0]
     runner = UnitRunner(spec.unit_options, Runtime(spec.model_options))

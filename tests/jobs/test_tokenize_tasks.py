@@ -18,7 +18,7 @@ def test_ray_task_tokenizing_matches_in_process(ray_instances, make_spec, tmp_pa
     spec = make_spec(tmp_path / "thread", backend="local", window_rows=7)  # many windows per unit
     units = plan_units(spec, list_inputs(spec))[:2]
     in_process = UnitRunner(spec.unit_options, Runtime(spec.model_options))
-    in_tasks = UnitRunner(spec.replace(output=str(tmp_path / "tasks")).unit_options, in_process.runtime, tokenize_in_tasks=True)
+    in_tasks = UnitRunner(spec.replace(output=str(tmp_path / "tasks"), tokenize_in="tasks").unit_options, in_process.runtime)
     assert isinstance(in_tasks.tokenizer, RayTokenizer) and isinstance(in_process.tokenizer, ThreadTokenizer)
     for unit in units:
         want, got = in_process.run(unit), in_tasks.run(unit)
@@ -53,7 +53,7 @@ def test_first_window_launches_before_the_last_is_sent(make_spec, tmp_path, monk
     for all of a unit's windows to be sent before it starts on the first."""
     import workers.unit
 
-    monkeypatch.setattr(workers.unit, "GROUP_TOKENS", 1)  # every window launches alone
+    monkeypatch.setattr(workers.batching, "GROUP_TOKENS", 1)  # every window launches alone
     spec = make_spec(tmp_path / "o", backend="local", window_rows=7)
     unit = plan_units(spec, list_inputs(spec))[0]
     runner = UnitRunner(spec.unit_options, Runtime(spec.model_options))
@@ -77,7 +77,7 @@ def test_warm_up_builds_the_tokenizer_in_task_processes(ray_instances, make_spec
     import ray
 
     ray_instances.get("local")
-    runner = UnitRunner(*runner_args(make_spec(tmp_path, backend="local")), tokenize_in_tasks=True)
+    runner = UnitRunner(*runner_args(make_spec(tmp_path, backend="local", tokenize_in="tasks")))
     free = int(ray.available_resources()["CPU"])
     runner.tokenizer.warm_up()
 
@@ -104,7 +104,7 @@ def test_warm_up_task_tokenizes_a_window_through_the_task_path(ray_instances, ma
     from workers.tokenize_pool import part_table
 
     ray_instances.get("local")
-    tokenizer = UnitRunner(*runner_args(make_spec(tmp_path, backend="local")), tokenize_in_tasks=True).tokenizer
+    tokenizer = UnitRunner(*runner_args(make_spec(tmp_path, backend="local", tokenize_in="tasks"))).tokenizer
     windows, encode = [], pool._encode_task
     monkeypatch.setattr(pool, "_encode_task", lambda *args: windows.append(encode(*args)) or windows[-1])
     segments = [(tokenizer.put(part_table(["pooljobs warm-up"], None)), np.zeros(1, np.int64))]
@@ -119,7 +119,7 @@ def test_warm_up_runs_again_when_tasks_shared_a_process(ray_instances, make_spec
     import workers.tokenize_pool as pool
 
     ray_instances.get("local")
-    runner = UnitRunner(*runner_args(make_spec(tmp_path, backend="local")), tokenize_in_tasks=True)
+    runner = UnitRunner(*runner_args(make_spec(tmp_path, backend="local", tokenize_in="tasks")))
     free = int(ray.available_resources()["CPU"])
     calls: list[int] = []
     real_get = ray.get
@@ -148,7 +148,7 @@ def test_first_window_is_sent_before_the_unit_is_read_whole(make_spec, tmp_path,
     texts[5] = texts[150] = None  # a bad row in each part shifts the usable rows' numbering
     pq.write_table(pa.table({"id": range(300), "text": texts}), tmp_path / "in.parquet", row_group_size=200)
     monkeypatch.setattr(workers.reader, "PART_ROWS", 150)  # parts end inside row groups
-    read_parts = workers.unit.read_unit_parts
+    read_parts = workers.feed.read_unit_parts
     events: list[str] = []
 
     def watched_parts(*args):
@@ -157,7 +157,7 @@ def test_first_window_is_sent_before_the_unit_is_read_whole(make_spec, tmp_path,
             yield part
 
     def run(name: str, parts) -> tuple[object, list[np.ndarray]]:
-        monkeypatch.setattr(workers.unit, "read_unit_parts", parts)
+        monkeypatch.setattr(workers.feed, "read_unit_parts", parts)
         spec = make_spec(tmp_path / name, backend="local", input=str(tmp_path / "in.parquet"), window_rows=32, unit_rows=300)
         runner = UnitRunner(spec.unit_options, Runtime(spec.model_options))
         sent, submit = [], runner.tokenizer.submit

@@ -10,7 +10,7 @@ from tests.jobs.fixtures_models import runner_args
 
 
 def test_warm_device_doubles_pack_sizes_up_to_the_largest_group(make_spec, tmp_path, monkeypatch):
-    monkeypatch.setattr(workers.unit, "GROUP_TOKENS", 2000)
+    monkeypatch.setattr(workers.batching, "GROUP_TOKENS", 2000)
     runner = UnitRunner(*runner_args(make_spec(tmp_path / "o", backend="local", max_tokens=5000, window_rows=4)))
     longest = runner.runtime.max_length
     biggest = min(5000, 2000 + 4 * longest)  # a full group plus one window of the longest rows

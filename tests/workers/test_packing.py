@@ -87,7 +87,7 @@ def test_vectorized_gather_matches_per_row_concatenation(seed):
 
 @pytest.mark.parametrize("rows,window", [(0, 1024), (5000, 1024), (10, 3), (130, 128), (100_000, 4096)])
 def test_windows_ramp_up_then_cover_every_row_once(rows, window):
-    from workers.unit import RAMP_ROWS, WindowCutter
+    from workers.batching import RAMP_ROWS, WindowCutter
 
     bounds = WindowCutter(window).take(rows, last=True)
     cutter = WindowCutter(window)  # the same rows arriving in three parts

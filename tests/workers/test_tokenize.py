@@ -1,102 +1,232 @@
-"""The plain-text twin of BERT tokenizers (`workers.plain_text`) gives the model's own
-tokenizer's ids, row for row."""
+"""Every tokenizer backend gives HF `tokenizers`' ids, row for row, and a backend that
+does not is caught (at load, or on the job's first rows) and replaced by the reference."""
 
 from __future__ import annotations
 
+import functools
 import json
-import string
+import sys
 
 import numpy as np
 import pytest
-from tokenizers import Tokenizer
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from tests.conftest import minilm_dir
-from workers.tokenize import BatchTokenizer
+from workers import token_backends
+from workers.tokenize import REFERENCE, BatchTokenizer, TokenizerSpec
+from workers.tokenizer_choice import choose_backend, choose_tokenizer, first_mismatch, hard_cases
+
+QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+               r"|\s+(?!\S)|\s+")
+ALPHABET = ("abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ 0123456789 .,;:!?'\"()[]{}<>-_/\\@#$%^&*+=~`|"
+            "\t\n\r éèêëàâäôöûüçñßæøå ÉÀÇÑ 中文日本語한국어 😀👍🏽🇫🇷 \u200b\u200d\u00a0\u202e שלום مرحبا Ελλάδα Москва ﬁ①")
 
 
-def _minilm_json(**normalizer) -> str:
-    config = json.loads((minilm_dir() / "tokenizer.json").read_text())
-    config["normalizer"].update(normalizer)
-    return json.dumps(config)
-
-
-def _random_ascii(rng: np.random.Generator, n: int) -> list[str]:
-    """Printable ASCII with tabs and newlines: mixed case, punctuation, special-token
-    look-alikes, words past WordPiece's 100-character limit, texts past truncation."""
-    alphabet = np.array(list(string.ascii_letters + string.digits + string.punctuation + " \t\n\r" + " " * 20))
-    pieces = ["[CLS]", "[MASK]", "[sep]", "Hello", "WORLD", "x" * 120, "don't", "e-mail", "3.14"]
+def corpus(n: int, seed: int) -> list[str]:
+    """Random texts over many scripts and symbols, with words past WordPiece's limits,
+    special tokens typed in, and texts past truncation and past the bounded prefix."""
+    rng = np.random.default_rng(seed)
+    alphabet = np.array(list(ALPHABET))
+    pieces = ["[CLS]", "[MASK]", "[sep]", "<|endoftext|>", "<|im_start|>", "[NEW]", "x" * 130, "don't", "3.14", "e-mail"]
     texts = []
     for _ in range(n):
-        chars = alphabet[rng.integers(0, len(alphabet), rng.integers(0, 400))].tolist()
+        length = int(rng.choice([rng.integers(0, 60), rng.integers(0, 800), rng.integers(0, 12_000)], p=[0.5, 0.4, 0.1]))
+        chars = alphabet[rng.integers(0, len(alphabet), length)].tolist()
         for _ in range(rng.integers(0, 4)):
             chars.insert(int(rng.integers(0, len(chars) + 1)), f" {pieces[rng.integers(0, len(pieces))]} ")
         texts.append("".join(chars))
-    return texts + ["", " ", "\t\n\r", "A" * 5000]
+    return texts + ["", " ", "\t\n\r", "A" * 5000, "word " * 5000]
 
 
-# Texts BertNormalizer changes beyond lowercasing: each must go to the model's own tokenizer.
-NOT_PLAIN = ["Café crème", "naïve", "a\x00b", "tab\x0bvertical", "bell\x07", "del\x7fete", "中文 text", "ﬁne", "Ｆｕｌｌ",
-             "zero\u200bwidth", "nbsp\u00a0space", "\ufffd"]
-# Plain, but holding an added token matched before normalizing, once lowercased: uncased
-# models send them to their own tokenizer too ("[MASK]" lowercased first would be words).
-GUARDED = ["say [MASK] here", "[cls] lowercased special"]
-SPECIALS = ("[pad]", "[unk]", "[cls]", "[sep]", "[mask]")  # MiniLM's added tokens, lowercased
+@functools.lru_cache(maxsize=None)
+def training_texts() -> list[str]:
+    return corpus(200, seed=1) + hard_cases()[:40]
 
 
-class _Counting:
-    """Counts the texts a backend tokenizes."""
-
-    def __init__(self, backend: Tokenizer) -> None:
-        self.backend, self.texts = backend, 0
-
-    def encode_batch_fast(self, inputs, **kwargs):
-        self.texts += len(inputs)
-        return self.backend.encode_batch_fast(inputs, **kwargs)
+@functools.lru_cache(maxsize=None)
+def wordpiece(lowercase: bool) -> str:
+    config = json.loads((minilm_dir() / "tokenizer.json").read_text())
+    config["normalizer"]["lowercase"] = lowercase
+    tok = Tokenizer.from_str(json.dumps(config))
+    tok.add_special_tokens([AddedToken("[NEW]", special=True)])
+    return tok.to_str()
 
 
-def _reference(backend_json: str, max_length: int, chunk: bool = False) -> BatchTokenizer:
-    tokenize = BatchTokenizer(backend_json, max_length, True, chunk=chunk, stride=8 if chunk else 0)
-    tokenize.plain = None  # the model's own normalizer for every text
-    return tokenize
+@functools.lru_cache(maxsize=None)
+def byte_level_bpe() -> str:
+    """Qwen2-style: its split regex, byte-level BPE, no normalizer, special tokens added."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(training_texts(), trainers.BpeTrainer(
+        vocab_size=800, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=["<|endoftext|>"]))
+    tok.add_special_tokens([AddedToken("<|im_start|>", special=True), AddedToken("<|im_end|>", special=True)])
+    return tok.to_str()
 
 
-def _assert_same(got, want) -> None:
-    for name in ("ids", "offsets", "truncated", "source", "chunk", "type_ids"):
-        a, b = getattr(got, name), getattr(want, name)
-        assert (a is None) == (b is None) and (a is None or np.array_equal(a, b)), name
+@functools.lru_cache(maxsize=None)
+def sentencepiece_bpe() -> str:
+    """Llama-style: Metaspace, BPE with byte fallback, a BOS post-processor."""
+    tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>"))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    tok.train_from_iterator(training_texts(), trainers.BpeTrainer(
+        vocab_size=800, special_tokens=["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]))
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", tok.token_to_id("<s>"))])
+    return tok.to_str()
 
 
-@pytest.mark.parametrize("chunk", [False, True])
-@pytest.mark.parametrize("lowercase", [True, False], ids=["uncased", "cased"])
-def test_plain_twin_gives_the_models_ids(lowercase, chunk):
-    backend_json = _minilm_json(lowercase=lowercase)
-    texts = _random_ascii(np.random.default_rng(0), 400)
-    mixed = texts[:50] + NOT_PLAIN + GUARDED + texts[50:]  # rows of every kind, in one batch
-    tokenize = BatchTokenizer(backend_json, 128, True, chunk=chunk, stride=8 if chunk else 0)
-    tokenize.plain.backend = plain = _Counting(tokenize.plain.backend)
-    tokenize.backend = own = _Counting(tokenize.backend)
-    reference = _reference(backend_json, 128, chunk)
-    _assert_same(tokenize(mixed), reference(mixed))
-    guarded = GUARDED + [t for t in texts if any(x in t.lower() for x in SPECIALS)] if lowercase else []
-    assert own.texts == len(NOT_PLAIN) + len(guarded) and plain.texts == len(mixed) - own.texts
-    pairs = mixed[::-1]
-    _assert_same(tokenize(mixed, pairs), reference(mixed, pairs))
+@functools.lru_cache(maxsize=None)
+def unigram() -> str:
+    """SentencePiece Unigram (T5-style), CLS/SEP-free with an EOS suffix."""
+    tok = Tokenizer(models.Unigram())
+    tok.normalizer = normalizers.NFKC()
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    tok.train_from_iterator(training_texts(), trainers.UnigramTrainer(
+        vocab_size=400, special_tokens=["<pad>", "</s>", "<unk>"], unk_token="<unk>"))
+    tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", tok.token_to_id("</s>"))])
+    return tok.to_str()
 
 
-def test_each_non_plain_text_goes_to_the_models_normalizer():
-    """One at a time, so a misrouted text shows by name (most differ under the twin)."""
-    tokenize, reference = BatchTokenizer(_minilm_json(), 512, False), _reference(_minilm_json(), 512)
-    tokenize.plain.backend = plain = _Counting(tokenize.plain.backend)
-    for text in NOT_PLAIN + GUARDED:
-        _assert_same(tokenize([text]), reference([text]))
-    assert plain.texts == 0
+CONFIGS = {"wordpiece-uncased": lambda: wordpiece(True), "wordpiece-cased": lambda: wordpiece(False),
+           "bytelevel-bpe-qwen2": byte_level_bpe, "sentencepiece-bpe": sentencepiece_bpe, "unigram": unigram}
+# The backend each config gets at load, and whether texts are cut to a bounded prefix
+# (not where BPE merges across words: no pre-tokenizer splits them).
+CHOSEN = {"wordpiece-uncased": ("nanotoken", True), "wordpiece-cased": ("nanotoken", True),
+          "bytelevel-bpe-qwen2": ("gigatoken", True), "sentencepiece-bpe": ("gigatoken", False),
+          "unigram": ("tokenizers", True)}
 
 
-def test_twin_only_where_it_is_exact():
-    assert BatchTokenizer(_minilm_json(), 512, False).plain is not None
-    config = json.loads(_minilm_json())
-    config["added_tokens"].append({**config["added_tokens"][0], "id": 30522, "content": "new line", "normalized": True})
-    assert BatchTokenizer(json.dumps(config), 512, False).plain is None  # "new\nline" would match it
-    config = json.loads(_minilm_json())
-    config["normalizer"] = {"type": "Lowercase"}
-    assert BatchTokenizer(json.dumps(config), 512, False).plain is None
+@pytest.fixture(autouse=True)
+def _fresh_choice():
+    """Each test checks backends anew (the choice is cached per process)."""
+    choose_backend.cache_clear()
+    yield
+    choose_backend.cache_clear()
+
+
+@pytest.fixture(scope="module", params=list(CONFIGS))
+def config(request) -> tuple[str, str]:
+    return request.param, CONFIGS[request.param]()
+
+
+class _HF:
+    """A transformers-like tokenizer around a `tokenizers` JSON, as `choose_tokenizer` takes it."""
+
+    model_input_names = ["input_ids", "attention_mask"]
+
+    def __init__(self, backend_json: str) -> None:
+        self.backend_tokenizer = Tokenizer.from_str(backend_json)
+
+
+def _spec(backend_json: str, max_length: int, backend: str = REFERENCE, prompt: str = "") -> TokenizerSpec:
+    return TokenizerSpec(backend_json, max_length, False, prompt, backend=backend)
+
+
+def _spec(backend_json: str, max_length: int, backend: str = REFERENCE, prompt: str = "",
+          bounded: bool = True) -> TokenizerSpec:
+    return TokenizerSpec(backend_json, max_length, False, prompt, backend=backend, bounded=bounded)
+
+
+@pytest.mark.parametrize("max_length", [16, 512])
+def test_every_backend_gives_the_reference_ids(config, max_length):
+    """Each fast backend on whole texts, and what load chooses, against the reference
+    (the 1 MB hard case is left to the load-time checks and the cut test)."""
+    name, backend_json = config
+    texts = corpus(600, seed=max_length) + hard_cases()[:-1]
+    want = _spec(backend_json, max_length).build()(texts)
+    backend, bounded = CHOSEN[name]
+    for form in {(backend, False), (backend, bounded), ("tokenizers", False)}:
+        got = _spec(backend_json, max_length, *form[:1], bounded=form[1]).build()(texts)
+        assert first_mismatch(got, want) is None, form
+        assert np.array_equal(got.ids, want.ids) and np.array_equal(got.offsets, want.offsets), form
+        assert np.array_equal(got.truncated, want.truncated) and got.truncated.any(), form
+
+
+def test_load_picks_the_fast_backend_where_one_serves(config):
+    name, backend_json = config
+    choice = choose_tokenizer(_HF(backend_json), 128)
+    assert (choice.spec.backend, choice.spec.bounded) == CHOSEN[name]
+    assert choice.provenance()["tokenizer"] == CHOSEN[name][0]
+    assert (choice.provenance()["tokenizer_fallback"] == "") == (name != "sentencepiece-bpe")
+    if name == "sentencepiece-bpe":
+        assert choice.fallback.startswith("bounded prefix: tokens before a cut depend on the text after it")
+
+
+def test_prompt_pairs_and_chunks(config):
+    name, backend_json = config
+    texts = corpus(100, seed=5)
+    want = _spec(backend_json, 64, prompt="query: ").build()(texts)
+    backend, bounded = CHOSEN[name]
+    assert first_mismatch(_spec(backend_json, 64, backend, "query: ", bounded).build()(texts), want) is None
+    assert choose_tokenizer(_HF(backend_json), 64, pairs=True).spec.backend == REFERENCE
+    assert choose_tokenizer(_HF(backend_json), 64, chunk=True, stride=8).spec.backend == REFERENCE
+
+
+def _break(monkeypatch, cls, marker: str) -> None:
+    """`cls` returns one wrong id for every text holding `marker`."""
+    call = cls.__call__
+
+    def broken(self, texts):
+        ids, offsets = call(self, texts)
+        ids = np.array(ids)
+        for i, text in enumerate(texts):
+            if marker in text and offsets[i + 1] > offsets[i]:
+                ids[offsets[i]] += 1
+        return ids, offsets
+
+    monkeypatch.setattr(cls, "__call__", broken)
+
+
+@pytest.mark.parametrize("name,cls", [("wordpiece-uncased", token_backends.NanoContent),
+                                      ("bytelevel-bpe-qwen2", token_backends.GigaContent)])
+def test_a_broken_backend_is_caught_at_load(monkeypatch, name, cls):
+    backend_json = CONFIGS[name]()
+    _break(monkeypatch, cls, "Café")  # one of the hard cases
+    choice = choose_tokenizer(_HF(backend_json), 128)
+    assert choice.spec.backend == "tokenizers"
+    assert choice.fallback.startswith(f"{cls.name} (bounded prefix) differs from HF tokenizers on ")
+
+
+def test_a_backend_broken_on_the_jobs_rows_falls_back(monkeypatch):
+    backend_json = CONFIGS["wordpiece-cased"]()
+    _break(monkeypatch, token_backends.NanoContent, "pooljobs-marker")  # in no hard case
+    choice = choose_tokenizer(_HF(backend_json), 128)
+    assert choice.spec.backend == "nanotoken"
+    assert not choice.check_rows(corpus(50, seed=2))
+    assert choice.check_rows(corpus(50, seed=3) + ["a pooljobs-marker row"])
+    assert choice.provenance()["tokenizer"] == REFERENCE
+    assert "job rows: nanotoken (bounded prefix) differs" in choice.provenance()["tokenizer_fallback"]
+
+
+@pytest.mark.parametrize("module", ["nanotoken", "gigatoken"])
+def test_jobs_run_on_hf_tokenizers_without_the_package(monkeypatch, module):
+    monkeypatch.setitem(sys.modules, module, None)  # `import module` raises ImportError
+    name = "wordpiece-uncased" if module == "nanotoken" else "bytelevel-bpe-qwen2"
+    backend_json = CONFIGS[name]()
+    choice = choose_tokenizer(_HF(backend_json), 128)
+    assert choice.spec.backend == "tokenizers" and f"{module} cannot be imported" in choice.fallback
+    texts = corpus(100, seed=4)
+    assert first_mismatch(choice.spec.build()(texts), _spec(backend_json, 128).build()(texts)) is None
+
+
+@pytest.mark.parametrize("backend", ["nanotoken", "tokenizers"])
+def test_a_long_text_is_cut_before_tokenizing(monkeypatch, backend):
+    """A 1 MB text hands the backend a bounded prefix; the ids are those of the whole text
+    truncated. A text whose first prefix holds too few tokens is cut again, longer."""
+    backend_json = CONFIGS["wordpiece-uncased"]()
+    handed: list[int] = []
+    cls = token_backends.CONTENT_BACKENDS[backend]
+    call = cls.__call__
+    monkeypatch.setattr(cls, "__call__", lambda self, texts: handed.extend(map(len, texts)) or call(self, texts))
+    rng = np.random.default_rng(0)
+    words = ["alpha", "Beta", "café", "中文", "x" * 30, "3.14", "don't"]
+    huge = " ".join(words[i] for i in rng.integers(0, len(words), 200_000))[: 1 << 20]
+    sparse = " " * 9000 + "y " * 600  # the first prefix is all spaces: too few tokens to tell
+    texts = [huge, sparse, "short text"]
+    got = _spec(backend_json, 512, backend).build()(texts)
+    assert first_mismatch(got, _spec(backend_json, 512).build()(texts)) is None and got.truncated[:2].all()
+    assert max(handed) < 20 * 512 * 4 and len(huge) == 1 << 20

@@ -1,0 +1,53 @@
+"""Output assembly: packs' rows and outputs back in input order, as a shard's row group;
+and the quarantine table of rows that could not be processed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from states.pooling import mean_of_windows
+from workers.options import UnitOptions
+from workers.reader import Unit
+from workers.writer import output_columns
+
+
+def in_input_order(rows: list[np.ndarray], chunks: list[np.ndarray], outputs: dict[str, np.ndarray],
+                   options: UnitOptions, normalize: bool) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """Per-pack (unit rows, chunk numbers) and the outputs in pack order -> all in input
+    order; with chunk_aggregate='mean', one row per text: the mean of its windows
+    (`states.pooling.mean_of_windows`)."""
+    if not rows:
+        return np.zeros(0, np.int64), np.zeros(0, np.int32), outputs
+    rows, chunks = np.concatenate(rows), np.concatenate(chunks)
+    order = np.lexsort((chunks, rows))
+    outputs = {k: v[order] for k, v in outputs.items()}
+    rows, chunks = rows[order], chunks[order]
+    if options.overlong != "chunk" or options.chunk_aggregate == "none":
+        return rows, chunks, outputs
+    unique, starts = np.unique(rows, return_index=True)
+    return unique, np.zeros(len(unique), np.int32), {"embedding": mean_of_windows(outputs["embedding"], starts, normalize)}
+
+
+def shard_part(keys: tuple[str, pa.Array], rows: np.ndarray, chunks: np.ndarray, outputs: dict[str, np.ndarray],
+               options: UnitOptions, labels: list[str] | None, ranges: np.ndarray | None) -> pa.Table:
+    """Rows in input order and their outputs -> a row group: key, chunk (when each window
+    is its own row), the task's output columns."""
+    key_name, key_values = keys
+    columns = {key_name: key_values.take(pa.array(rows, type=pa.int64()))}
+    if options.overlong == "chunk" and options.chunk_aggregate == "none":
+        columns["chunk"] = pa.array(chunks, type=pa.int32())
+    return pa.table({**columns, **output_columns(outputs, options.output_dtype, labels, ranges)})
+
+
+def errors_table(unit: Unit, keys: tuple[str, pa.Array], bad: dict[int, str]) -> pa.Table:
+    """Quarantined rows: key, source file, row within it, and why."""
+    rows = sorted(bad)
+    key_name, key_values = keys
+    where = unit.locate(rows[-1] + 1)
+    return pa.table({
+        key_name: key_values.take(pa.array(rows, type=pa.int64())),
+        "file": pa.array([where[r][0] for r in rows]),
+        "row": pa.array([where[r][1] for r in rows], type=pa.int64()),
+        "reason": pa.array([bad[r] for r in rows]),
+    })
