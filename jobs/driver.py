@@ -176,21 +176,30 @@ def run_job(spec: JobSpec, keep_workers: bool = False, started_at: float | None 
     return Outcome(spec.output, report, failed)
 
 
+PHASES = ("imports", "plan", "ray", "actors_placed", "model_load", "compile", "warm_up", "claim", "first_output")
+
+
 class Clock:
-    """The startup timeline: each phase's seconds, in the order they ended."""
+    """The startup timeline: each phase's seconds (`PHASES` order). Phases that run side
+    by side overlap (the model loads while the output is claimed); `first_output`
+    counts from the claim to the first committed unit."""
 
     def __init__(self, started_at: float | None) -> None:
-        self.phases: dict[str, float] = {}
+        self._phases: dict[str, float] = {}
         self.t = time.perf_counter()
         self._first = False
         if started_at is not None:
-            self.phases["imports"] = max(0.0, time.time() - started_at)
+            self._phases["imports"] = max(0.0, time.time() - started_at)
 
     def mark(self, phase: str, seconds: float | None = None) -> None:
         now = time.perf_counter()
-        self.phases[phase] = round(now - self.t if seconds is None else seconds, 3)
+        self._phases[phase] = round(now - self.t if seconds is None else seconds, 3)
         if seconds is None:
             self.t = now
+
+    @property
+    def phases(self) -> dict[str, float]:
+        return {p: self._phases[p] for p in PHASES if p in self._phases}
 
     def first_output(self) -> None:
         if not self._first:
@@ -249,7 +258,7 @@ class Workers:
             self.clock.mark(phase, seconds)
         if self.backend == "local":
             return _run_local(self.spec, pool, call, units, on_result, failed, self.clock)
-        return _run_ray(self.spec, pool, call, units, on_result, failed, self.clock)
+        return _run_ray(self.spec, pool, call, units, on_result, failed, self.clock, self.keep)
 
     def finish(self, ok: bool) -> None:
         """Give a notebook's pool back (after a clean run) or close it; stop a Ray this
@@ -297,9 +306,8 @@ def _run_local(spec: JobSpec, pool, call: Call, units: list[Unit], on_result: Ca
             except Exception as e:  # noqa: BLE001 - classified by _settle
                 _settle(unit, e, attempts, spec, failed, queue)
     finally:
-        info = worker.info(call.id)
         worker.leave(call.id)
-    return {"workers": [{**info, **joined}], "run_seconds": time.perf_counter() - t}
+    return {"workers": [joined], "run_seconds": time.perf_counter() - t}
 
 
 _started_ray = False  # whether this process started the Ray it is connected to
@@ -361,7 +369,7 @@ def stop_ray() -> None:
 
 
 def _run_ray(spec: JobSpec, pool, call: Call, units: list[Unit], on_result: Callable, failed: dict,
-             clock: Clock) -> dict:
+             clock: Clock, keep: bool) -> dict:
     """Feed each actor as soon as it is placed: a free slot (an actor with fewer than
     `IN_FLIGHT` units) takes the next unit, so each result costs O(1) bookkeeping."""
     import ray
@@ -373,7 +381,7 @@ def _run_ray(spec: JobSpec, pool, call: Call, units: list[Unit], on_result: Call
     placement = pools.Placement(pool, need, _autoscaling, lambda line: print(f"pooljobs: {line}", file=sys.stderr,
                                                                              flush=True))
     pings = {a.ready.remote(): a for a in pool.pending}
-    joins = {}  # ref -> actor: each placed actor's join (model load and warm-up), for the report
+    joins = {}  # ref -> actor: each placed actor's join (model load and warm-up), read for the report at the end
     infos = []
     slots: deque = deque()  # one entry per free place in an actor's queue
     if pool.placed:  # a warm pool
@@ -391,7 +399,7 @@ def _run_ray(spec: JobSpec, pool, call: Call, units: list[Unit], on_result: Call
                 actor = slots.popleft()
                 unit = queue.popleft()
                 inflight[actor.run.remote(call, unit)] = (unit, actor)
-            waiting = [*inflight, *pings, *joins]
+            waiting = [*inflight, *pings]
             if not waiting:
                 raise pools.PlacementError("every worker was dropped before it could take a unit")
             ready, _ = ray.wait(waiting, num_returns=1, timeout=pools.PROGRESS_SECONDS if pings else None)
@@ -404,19 +412,6 @@ def _run_ray(spec: JobSpec, pool, call: Call, units: list[Unit], on_result: Call
                     joins[actor.join.remote(call)] = actor
                     slots.extend([actor] * IN_FLIGHT)
                     continue
-                if ref in joins:
-                    actor = joins.pop(ref)
-                    try:
-                        joined = ray.get(ref)
-                    except RayError:
-                        continue  # its units fail the same way and are settled there
-                    if not infos:
-                        for phase in ("model_load", "compile"):
-                            if phase in joined:
-                                clock.mark(phase, joined[phase])
-                        clock.mark("warm_up", joined["warm_up_seconds"])
-                    infos.append(joined)
-                    continue
                 unit, actor = inflight.pop(ref)
                 slots.append(actor)
                 try:
@@ -428,10 +423,21 @@ def _run_ray(spec: JobSpec, pool, call: Call, units: list[Unit], on_result: Call
                 dropped = placement.poll()
                 for ref in [r for r, a in pings.items() if a in dropped]:
                     del pings[ref]
-        return {"workers": infos, "run_seconds": time.perf_counter() - t}
+        run_seconds = time.perf_counter() - t
+        for ref in joins:  # done by now: each actor's first unit waited for its join
+            try:
+                infos.append(ray.get(ref))
+            except RayError:
+                continue  # that actor's units failed the same way and were settled there
+        if infos:
+            for phase in ("model_load", "compile", "warm_up_seconds"):
+                if phase in infos[0]:
+                    clock.mark(phase.removesuffix("_seconds"), infos[0][phase])
+        return {"workers": infos, "run_seconds": run_seconds}
     finally:
-        for actor in pool.placed:
-            actor.leave.remote(call.id)
+        if keep:  # the actors stay: close this call's runners on them
+            for actor in pool.placed:
+                actor.leave.remote(call.id)
 
 
 def build_report(units: list[Unit], records, failed: dict, wall: float, ran: set[str]) -> dict:

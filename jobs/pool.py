@@ -146,7 +146,7 @@ class Placement:
             scaling = self.autoscaling()
             why = "the autoscaler is adding nodes" if scaling else f"each needs {self.need}"
             self.log(f"placing workers: {len(self.pool.placed)} of {len(self.pool.actors)} placed after "
-                     f"{waited:.0f}s; {len(pending)} waiting ({why})")
+                     f"{waited:.0f}s; {len(pending)} waiting to be placed or started ({why})")
             if scaling:
                 self.started = now - min(waited, PLACEMENT_SECONDS / 2)  # keep waiting while nodes come
         if waited < PLACEMENT_SECONDS:

@@ -22,11 +22,15 @@ import threading
 import time
 from dataclasses import dataclass
 
+from typing import TYPE_CHECKING
+
 from states.options import ModelOptions
-from states.runtime import Runtime
 from workers.options import UnitOptions
-from workers.reader import Unit
-from workers.unit import UnitResult, UnitRunner
+
+if TYPE_CHECKING:  # torch and transformers load in `load`, so a new actor answers `ready()` at once
+    from states.runtime import Runtime
+    from workers.reader import Unit
+    from workers.unit import UnitResult, UnitRunner
 
 
 @dataclass(frozen=True)
@@ -50,8 +54,9 @@ class Worker:
         self.loads = 0  # how often this worker read the model (1 unless restarted by hand)
         self.load_seconds = 0.0
         self._runners: dict[str, UnitRunner] = {}
-        self._warmed: set[tuple] = set()
-        self._unreported: dict[str, float] = {}  # the load's phases, until a join reports them  # runner shapes whose warm-up already ran on this runtime
+        self._warmed: set[tuple] = set()  # runner shapes whose warm-up already ran on this runtime
+        self._warm_up_seconds: dict[str, float] = {}  # call id -> its runner's build and warm-up
+        self._unreported: dict[str, float] = {}  # the load's phases, until a join reports them
         self._lock = threading.Lock()
 
     def load(self) -> dict[str, float]:
@@ -62,6 +67,8 @@ class Worker:
             if self.runtime is not None:
                 return {"model_load": 0.0}
             t, compiled = time.perf_counter(), _compile_seconds()
+            from states.runtime import Runtime
+
             self.runtime = Runtime(self.model_options)
             self.loads += 1
             self.load_seconds = time.perf_counter() - t
@@ -73,14 +80,24 @@ class Worker:
             return phases
 
     def join(self, call: Call) -> dict:
-        """The call's runner, built (and warmed, unless a runner of the same shape already
-        warmed this runtime) on first use; returns what it cost, for the report: the
-        warm-up, and the model load's phases when no join reported them yet."""
-        self.load()
+        """Build the call's runner (if `run` has not yet) and say what it cost, for the
+        report: this worker's info, the call's warm-up seconds, and the model load's
+        phases when no join reported them yet."""
+        self._runner(call)
         with self._lock:
             phases, self._unreported = self._unreported, {}
-            if call.id in self._runners:
-                return {**phases, "warm_up_seconds": 0.0}
+            return {**self.info(call.id), **phases, "warm_up_seconds": self._warm_up_seconds.get(call.id, 0.0)}
+
+    def _runner(self, call: Call) -> UnitRunner:
+        """The call's runner, built on first use on the loaded runtime, and warmed unless a
+        runner of the same shape already warmed it."""
+        self.load()
+        with self._lock:
+            runner = self._runners.get(call.id)
+            if runner is not None:
+                return runner
+            from workers.unit import UnitRunner
+
             t = time.perf_counter()
             runtime = self.runtime
             in_tasks = runtime.device.type == "cuda" and self.in_ray
@@ -90,16 +107,17 @@ class Worker:
                 runner.warm_up()
                 self._warmed.add(shape)
             self._runners[call.id] = runner
-            return {**phases, "warm_up_seconds": time.perf_counter() - t}
+            self._warm_up_seconds[call.id] = time.perf_counter() - t
+            return runner
 
     def run(self, call: Call, unit: Unit) -> UnitResult:
-        self.join(call)
-        return self._runners[call.id].run(unit)
+        return self._runner(call).run(unit)
 
     def leave(self, call_id: str) -> None:
         """Close the call's runner (its tokenizer and writer threads); the model stays."""
         with self._lock:
             runner = self._runners.pop(call_id, None)
+            self._warm_up_seconds.pop(call_id, None)
         if runner is not None:
             runner.close()
 
