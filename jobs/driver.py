@@ -424,6 +424,7 @@ def _run_ray(spec: JobSpec, pool, call: Call, units: list[Unit], on_result: Call
                 for ref in [r for r, a in pings.items() if a in dropped]:
                     del pings[ref]
         run_seconds = time.perf_counter() - t
+        placement.unplaced_at_end()
         for ref in joins:  # done by now: each actor's first unit waited for its join
             try:
                 infos.append(ray.get(ref))

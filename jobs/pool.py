@@ -165,6 +165,15 @@ class Placement:
         return pending
 
 
+    def unplaced_at_end(self) -> None:
+        """Name the workers still pending when the job ended without them."""
+        pending = self.pool.pending
+        if pending:
+            self.log(f"placing workers: {len(pending)} of {len(self.pool.actors)} workers were never placed "
+                     f"(each needs {self.need}; the cluster has {_resources()}); the job ran on "
+                     f"{len(self.pool.placed)}")
+
+
 def _resources() -> str:
     import ray
 

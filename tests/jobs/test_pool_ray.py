@@ -41,14 +41,16 @@ def test_ray_actors_are_kept_across_calls(ray_local, make_spec, same_as_referenc
 
 def test_unplaceable_workers_are_named_and_the_rest_work(ray_local, make_spec, same_as_reference, tmp_path,
                                                          fast_placement, capsys):
-    """8 GPU workers on 2 (fake) GPUs: 2 are placed and do every unit; 6 are given up on."""
+    """8 GPU workers on 2 (fake) GPUs: 2 are placed and do every unit; the 6 others are
+    named (given up on at the timeout, or never placed when the job ends first)."""
     t = time.monotonic()
     outcome = run_job(make_spec(tmp_path, backend="ray", num_workers=8))
     assert outcome.ok and time.monotonic() - t < 150
     assert len({w["pid"] for w in outcome.report["workers"]}) == 2
     err = capsys.readouterr().err
-    assert "placing workers: gave up on 6 of 8 workers" in err and "running on 2" in err
-    assert "waiting to be placed or started" in err
+    assert ("gave up on 6 of 8 workers" in err and "running on 2" in err
+            or "6 of 8 workers were never placed" in err and "the job ran on 2" in err), err
+    assert "each needs 1 GPU and 1 CPU; the cluster has 2 CPU, 2 GPU" in err
     same_as_reference(tmp_path)
 
 
