@@ -9,9 +9,9 @@ up to `max_retries`, then recorded as failed. The `local` backend runs the same
 `Worker` in this process.
 
 Start-up runs side by side what does not depend on each other: once the plan and the
-checks pass, a thread starts Ray, the actors and their model loads (or, locally, the
-model load) while this thread hashes the model files and claims the output; each actor
-gets units as soon as it is placed. Every phase's seconds go to the report's `startup`.
+checks pass, the actors are created (Ray started first where needed) and start loading
+the model (locally: the model loads in a thread) while the driver hashes the model files
+and claims the output; each actor gets units as soon as it is placed. Every phase's seconds go to the report's `startup`.
 
 Notebook calls (`keep_workers=True`) take their workers from `jobs.pool` and give them
 back; a CLI run's workers go with it.
@@ -220,7 +220,13 @@ class Workers:
         self._thread = threading.Thread(target=self._start, name="pooljobs-start", daemon=True)
 
     def start(self) -> None:
-        self._thread.start()
+        """Locally the model loads in a thread. Ray starts in this thread: Ray ties its
+        processes to the thread that starts them (PR_SET_PDEATHSIG), which must outlive
+        them; creating actors does not wait, and they load while this thread goes on."""
+        if self.backend == "local":
+            self._thread.start()
+        else:
+            self._start()
 
     def _start(self) -> None:
         try:
@@ -247,7 +253,8 @@ class Workers:
                 pools.hold(self.pool)
 
     def _ready(self):
-        self._thread.join()
+        if self._thread.ident is not None:
+            self._thread.join()
         if self._error is not None:
             raise self._error
         return self.pool
@@ -263,7 +270,8 @@ class Workers:
     def finish(self, ok: bool) -> None:
         """Give a notebook's pool back (after a clean run) or close it; stop a Ray this
         job started for itself."""
-        self._thread.join()
+        if self._thread.ident is not None:
+            self._thread.join()
         if self.pool is not None:
             if self.keep and ok:
                 pools.give(self.pool)

@@ -5,6 +5,7 @@ behind when its driver is killed, and serves no metrics on every interface."""
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import subprocess
@@ -134,3 +135,20 @@ def test_killed_driver_leaves_no_ray_process_and_no_metrics_on_all_interfaces(tm
     finally:
         if driver.poll() is None:
             driver.kill()
+
+
+def test_cli_more_workers_than_cpus_does_not_hang(tiny_bert, text_corpus, tmp_path):
+    """`--num-workers 8` on a local Ray of this machine's CPUs: the placeable workers run the
+    job, the others are named, and the process ends (exit 0) within a bounded time."""
+    cpus = psutil.cpu_count()
+    if cpus >= 8:
+        pytest.skip("this machine can place 8 CPU workers")
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "POOLJOBS_PLACEMENT_SECONDS": "30"}
+    env.pop("RAY_ADDRESS", None)
+    done = subprocess.run([sys.executable, "-m", "jobs.embed", "--input", str(text_corpus), "--output",
+                           str(tmp_path / "out"), "--model", str(tiny_bert), "--device", "cpu", "--num-workers", "8",
+                           "--unit-rows", "200", "--no-progress"], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert re.search(r"(gave up on \d+ of 8 workers|\d+ of 8 workers were never placed)", done.stderr), done.stderr
+    assert "Traceback" not in done.stderr
