@@ -243,7 +243,11 @@ class Workers:
             gpus = int(ray.cluster_resources().get("GPU", 0))
             use_gpu = gpus > 0 or self.spec.device.startswith("cuda")  # an autoscaler may add GPU nodes
             key = pools.PoolKey("ray", self.model_options, self.spec.num_workers or max(1, gpus), use_gpu)
-            self.pool = (pools.take(key) if self.keep else None) or pools.RayPool.start(key, self.spec.max_retries)
+            taken = pools.take(key) if self.keep else None
+            if taken is not None and taken.session != pools.ray_session():  # Ray was restarted since
+                pools.discard(taken)
+                taken = None
+            self.pool = taken or pools.RayPool.start(key, self.spec.max_retries)
             for actor in self.pool.actors:  # each loads as soon as it is placed, while the driver claims the output
                 actor.load.remote()
         except BaseException as e:  # noqa: BLE001 - raised in the driver's thread by `_ready`
@@ -272,13 +276,14 @@ class Workers:
         job started for itself."""
         if self._thread.ident is not None:
             self._thread.join()
-        if self.pool is not None:
+        pool, self.pool = self.pool, None
+        if pool is not None:
             if self.keep and ok:
-                pools.give(self.pool)
+                pools.give(pool)
             elif self.keep:
-                pools.discard(self.pool)
+                pools.discard(pool)
             else:
-                self.pool.close()
+                pool.close()
         if self.started_ray and not self.keep:
             stop_ray()
 

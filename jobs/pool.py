@@ -85,6 +85,7 @@ class RayPool:
     actors: list = field(default_factory=list)
     placed: list = field(default_factory=list)
     created: float = field(default_factory=time.perf_counter)
+    session: str = ""  # the Ray session the actors live in (a pool outlives no `ray.shutdown()`)
 
     @classmethod
     def start(cls, key: PoolKey, max_retries: int) -> RayPool:
@@ -96,7 +97,7 @@ class RayPool:
             num_gpus=1 if key.gpu else 0, num_cpus=1, max_concurrency=IN_FLIGHT,
             max_restarts=-1, max_task_retries=max_retries,
         )
-        return cls(key, [actor_cls.remote(key.model_options) for _ in range(key.workers)])
+        return cls(key, [actor_cls.remote(key.model_options) for _ in range(key.workers)], session=ray_session())
 
     @property
     def pending(self) -> list:
@@ -106,12 +107,21 @@ class RayPool:
         import ray
 
         for actor in actors:
-            ray.kill(actor)
             self.actors.remove(actor)
+            if ray.is_initialized() and self.session == ray_session():
+                ray.kill(actor)  # else the actor went with its Ray session
 
     def close(self) -> None:
         self.drop(list(self.actors))
         self.placed.clear()
+
+
+def ray_session() -> str:
+    """The connected Ray session's name (a Ray Client connection's job id)."""
+    import ray
+
+    node = ray._private.worker._global_node
+    return node.session_name if node is not None else ray.get_runtime_context().get_job_id()
 
 
 class Placement:
