@@ -19,6 +19,7 @@ back; a CLI run's workers go with it.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import threading
@@ -81,11 +82,13 @@ def decide(spec: JobSpec, rows: int | None) -> dict:
 
 
 def choose_backend(spec: JobSpec, rows: int | None) -> tuple[str, str]:
-    """(backend, why) for `spec.backend`; "auto" runs in-process when no Ray cluster is
-    named or connected, one worker serves (CPU, or at most one GPU) and the job is small
+    """(backend, why) for `spec.backend`; "auto" runs in-process when Ray is not installed,
+    or when no Ray cluster is named or connected, one worker serves (CPU, or at most one GPU) and the job is small
     (under `AUTO_LOCAL_ROWS` rows, or any size on CPU); on Ray otherwise."""
     if spec.backend != "auto":
         return spec.backend, "asked"
+    if importlib.util.find_spec("ray") is None:
+        return "local", "auto: Ray is not installed"
     if spec.address or os.environ.get("RAY_ADDRESS") or _ray_connected():
         return "ray", "auto: a Ray cluster is named or connected"
     if (spec.num_workers or 1) > 1:
