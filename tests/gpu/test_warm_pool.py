@@ -30,20 +30,13 @@ def model(tmp_path_factory):
 
 def test_second_call_is_warm_and_compiled_kernels_persist(model, tmp_path, monkeypatch):
     import jobs
-    import states.runtime
     from jobs import pool as pools
+
+    from tests.jobs.fixtures_models import count_model_loads
 
     monkeypatch.setenv("POOLJOBS_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
-    loads = []
-    real = states.runtime.Runtime
-
-    class Counting(real):
-        def __init__(self, options) -> None:
-            loads.append(options)
-            super().__init__(options)
-
-    monkeypatch.setattr(states.runtime, "Runtime", Counting)
+    loads = count_model_loads(monkeypatch)
     texts = [f"row {i}: " + "pooling jobs embed rows " * (i % 40) for i in range(4000)]
     df = pd.DataFrame({"text": texts})
     try:

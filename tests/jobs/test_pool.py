@@ -16,7 +16,7 @@ import jobs
 from jobs import pool as pools
 from jobs.driver import run_job
 
-from tests.jobs.fixtures_models import save_tiny_bert
+from tests.jobs.fixtures_models import count_model_loads, save_tiny_bert
 
 TEXTS = [f"row {i}: the pooling job embeds every row once" + " again" * (i % 7) for i in range(30)]
 
@@ -30,18 +30,7 @@ def models(tmp_path_factory) -> dict:
 @pytest.fixture
 def loads(monkeypatch) -> list:
     """Each model load appends its ModelOptions."""
-    import states.runtime
-
-    seen: list = []
-    real = states.runtime.Runtime
-
-    class Counting(real):
-        def __init__(self, options) -> None:
-            seen.append(options)
-            super().__init__(options)
-
-    monkeypatch.setattr(states.runtime, "Runtime", Counting)
-    yield seen
+    yield count_model_loads(monkeypatch)
     pools.shutdown()
 
 
