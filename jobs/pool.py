@@ -127,7 +127,8 @@ def ray_session() -> str:
 class Placement:
     """The bounded wait for a Ray pool's pending actors, with progress lines.
 
-    `poll(ready_actor_or_None)` is called by the dispatch loop each time it wakes; it
+    `placed(actor)` records an actor that answered `ready()`; `poll()` is called by the
+    dispatch loop each time it wakes while actors are pending; it
     logs every `PROGRESS_SECONDS` while actors are pending and, past `PLACEMENT_SECONDS`
     without an autoscaler, drops the unplaced ones (naming them) or, when none was
     placed, raises `PlacementError`."""
@@ -137,12 +138,9 @@ class Placement:
         self.autoscaling = autoscaling
         self.started = time.perf_counter()
         self.last_line = self.started
-        self.first_placed: float | None = None if pool.pending else 0.0
 
     def placed(self, actor) -> None:
         self.pool.placed.append(actor)
-        if self.first_placed is None:
-            self.first_placed = time.perf_counter() - self.started
 
     def poll(self) -> list:
         """Actors given up on (already killed); [] while still waiting or when all are placed."""
