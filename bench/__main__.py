@@ -34,6 +34,7 @@ SHAPES = {  # hidden, layers, heads, kv heads, intermediate, kind
     "bert-base": (768, 12, 12, 12, 3072, "bert"),
     "bert-large": (1024, 24, 16, 16, 4096, "bert"),
     "qwen3-0.6b": (1024, 28, 16, 8, 3072, "qwen3"),
+    "tiny": (32, 2, 2, 2, 64, "bert"),  # CPU smoke runs of the benchmark scripts
 }
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
 

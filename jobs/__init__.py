@@ -1,4 +1,5 @@
-"""pooljobs' notebook API: `jobs.embed`, `jobs.classify`, `jobs.score` (see `jobs.api`).
+"""pooljobs' notebook API: `jobs.embed`, `jobs.classify`, `jobs.score`, `jobs.shutdown`
+(see `jobs.api`).
 
 The functions load on first use, so `python -m jobs.embed --help` imports none of the
 API's dependencies. `jobs.embed` and `jobs.score` are also the CLI modules' names
@@ -10,7 +11,7 @@ functions, while the modules stay importable through `sys.modules`.
 import sys
 import types
 
-__all__ = ["JobFailedError", "classify", "embed", "score"]
+__all__ = ["JobFailedError", "classify", "embed", "score", "shutdown"]
 
 
 def __getattr__(name: str):

@@ -21,11 +21,20 @@ hosts, cannot see this machine's temp dir: pass `staging=` a URI every node and 
 process can read and write (s3://, gs://, a shared mount; `storage_options` apply). The
 staged files are removed when the call returns, Ctrl-C included.
 
-Ray: `backend="auto"` (or "ray") uses the connected Ray, else connects to `address=`,
-else starts a local Ray (no dashboard, token auth) and keeps it for later calls, as Ray Data does
-(`ray.shutdown()` stops it). Ctrl-C raises KeyboardInterrupt after the driver has killed
-the job's actors; an `output=` directory keeps its committed shards and resumes on the
-next call. `backend="local"` runs in this process without Ray.
+Backends: `backend="auto"` runs the job in this process when that is the faster choice
+(no Ray cluster named or connected, CPU or one GPU, and on a GPU fewer than
+`jobs.driver.AUTO_LOCAL_ROWS` rows), else on Ray; the driver prints the choice and why.
+On Ray it uses the connected Ray, else connects to `address=`, else starts a local Ray
+(no dashboard, metrics off, token auth) and keeps it for later calls, as Ray Data does.
+
+Warm workers: the loaded model outlives the call. Workers (in-process or Ray actors) stay
+in this session's pool (`jobs.pool`), keyed by the options that shape the loaded model,
+and the next call with the same model and options reuses them: it pays for its own rows,
+not for a model load, compile and warm-up. They are released after
+`jobs.pool.IDLE_SECONDS` idle (env `POOLJOBS_IDLE_SECONDS`), when a call needs another
+model, at `jobs.shutdown()` (which also stops a Ray that pooljobs started) and at exit.
+Ctrl-C raises KeyboardInterrupt after the driver has closed the call's workers; an
+`output=` directory keeps its committed shards and resumes on the next call.
 """
 
 from __future__ import annotations
@@ -60,6 +69,13 @@ class JobFailedError(RuntimeError):
         failed = "; ".join(f"{f['unit']}: {f['error']}" for f in outcome.report["units_failed"])
         super().__init__(f"{len(outcome.failed)} of {outcome.report['units']} units failed: {failed}")
         self.outcome = outcome
+
+
+def shutdown() -> None:
+    """Release this session's warm workers and stop the local Ray pooljobs started."""
+    from jobs import pool
+
+    pool.shutdown()
 
 
 def embed(data, model, *, text_column: str = "text", output: str | None = None, backend: str = "auto",
@@ -111,9 +127,11 @@ def _run(task: str, data, model, text_column: str, pair_column: str | None, outp
     if ROW in (text_column, pair_column):
         raise SpecError(f"{ROW!r} is the row index jobs.{task} adds; rename that text column")
     table = _staged_columns(data, kind, [c for c in (text_column, pair_column, spec.id_column) if c])
-    if spec.backend != "local":
+    from jobs.driver import choose_backend
+
+    backend, _ = choose_backend(spec, table.num_rows)
+    if backend == "ray":
         _connect(spec.address, staging)
-        spec = spec.replace(backend="ray")
 
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, row_group_size=spec.unit_rows)  # row groups are what units split at
@@ -131,7 +149,7 @@ def _run(task: str, data, model, text_column: str, pair_column: str | None, outp
         fs, path = storage.resolve(spec.input, spec.storage_options)
         if output and storage.is_local(fs):  # named by its content: a fixed mtime keeps the input's fingerprint
             os.utime(path, ns=(0, 0))
-        outcome = run_job(spec)
+        outcome = run_job(spec, keep_workers=True)
         if not outcome.ok:
             raise JobFailedError(outcome)
         fs, path = storage.resolve(spec.output, spec.storage_options)

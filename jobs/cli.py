@@ -135,10 +135,11 @@ def spec_from_args(args: dict[str, Any], defaults: dict, tasks: Sequence[str], p
 def user_errors() -> tuple[type[BaseException], ...]:
     """What a user's mistake raises (one line, exit 2); imported only when one happened."""
     from jobs.manifest import OutputConflictError
+    from jobs.pool import PlacementError
     from states.errors import ModelLoadError, UnclassifiedModelError
     from workers.reader import InputError
 
-    return SpecError, InputError, ModelLoadError, OutputConflictError, UnclassifiedModelError
+    return SpecError, InputError, ModelLoadError, OutputConflictError, PlacementError, UnclassifiedModelError
 
 
 def committed_units(spec: JobSpec) -> tuple[int, int | None, dict | None]:
@@ -193,6 +194,16 @@ def summarize(outcome) -> str:
     return "\n".join(lines)
 
 
+def process_start() -> float | None:
+    """When this process started (`time.time()` clock), for the startup timeline's imports."""
+    try:
+        import psutil
+
+        return psutil.Process().create_time()
+    except (ImportError, OSError):
+        return None
+
+
 def main(prog: str, description: str, tasks: Sequence[str], argv: Sequence[str] | None = None,
          defaults: dict | None = None, demo: Callable[[], list[str]] | None = None) -> int:
     """Run the job the arguments describe; returns the exit code. `demo` (for jobs.embed)
@@ -216,7 +227,7 @@ def main(prog: str, description: str, tasks: Sequence[str], argv: Sequence[str] 
             print(f"{prog}: {line}", flush=True)
         from jobs.driver import run_job
 
-        outcome = run_job(spec)
+        outcome = run_job(spec, started_at=process_start())
     except KeyboardInterrupt:
         if debug:
             raise

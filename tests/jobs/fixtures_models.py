@@ -89,3 +89,20 @@ def runner_args(spec) -> tuple:
     from states.runtime import Runtime
 
     return spec.unit_options, Runtime(spec.model_options)
+
+
+def count_model_loads(monkeypatch) -> list:
+    """A list that each model load (`states.runtime.Runtime`, where workers build it)
+    appends its ModelOptions to, for the test's duration."""
+    import states.runtime
+
+    seen: list = []
+    real = states.runtime.Runtime
+
+    class Counting(real):
+        def __init__(self, options) -> None:
+            seen.append(options)
+            super().__init__(options)
+
+    monkeypatch.setattr(states.runtime, "Runtime", Counting)
+    return seen

@@ -1,7 +1,7 @@
 """The notebook API (`jobs.embed` / `classify` / `score`) against the job it wraps.
 
 Results must equal the CLI job's shards row for row, whatever the input type (pandas,
-pyarrow, polars) and backend. One Ray session per module: the first `backend="auto"`
+pyarrow, polars) and backend. One Ray session per module: the first `backend="ray"`
 call starts a loopback Ray, later calls reuse it, the `ray_session` fixture stops it. A
 Ray job costs ~20 s on a shared 2-core machine (its actor process imports torch), so the
 Ray path runs one input type: the type conversions happen in this process and are
@@ -84,7 +84,7 @@ def reference(models, tmp_path_factory) -> tuple[dict[int, list], dict[int, str]
 
 @pytest.fixture(scope="module")
 def ray_session():
-    """Stop at module end the Ray that the first `backend="auto"` call starts."""
+    """Stop at module end the Ray that the first `backend="ray"` call starts."""
     import ray
 
     started_here = not ray.is_initialized()
@@ -94,9 +94,9 @@ def ray_session():
 
 
 @pytest.mark.parametrize("kind, backend", [("pandas", "local"), ("arrow", "local"), ("polars", "local"),
-                                           ("pandas", "auto")])
+                                           ("pandas", "ray")])
 def test_embed_matches_the_job_row_for_row(models, reference, kind, backend, request):
-    if backend == "auto":
+    if backend == "ray":
         request.getfixturevalue("ray_session")
     data = frame(kind)
     result = jobs.embed(data, model=models["embed"], backend=backend, device="cpu")
@@ -112,10 +112,10 @@ def test_embed_matches_the_job_row_for_row(models, reference, kind, backend, req
     for i in range(40):
         if i != NULL_ROW:
             np.testing.assert_allclose(got[i], want_embeddings[i], rtol=0, atol=1e-6, err_msg=f"row {i}")
-    if backend == "auto":
+    if backend == "ray":
         import ray
 
-        assert ray.is_initialized(), "auto starts a local Ray and keeps it for the next call"
+        assert ray.is_initialized(), "a local Ray started for a call stays for the next call"
 
 
 def hf_logits(model_dir: Path, first: list[str], second: list[str] | None = None) -> np.ndarray:
@@ -220,7 +220,7 @@ def test_ctrl_c_kills_the_actors_and_removes_the_staging(models, ray_session, tm
     # Holding the exception keeps the driver's frames, and so its actor handles, alive: the
     # actors must die because the driver killed them, not because their handles were freed.
     with pytest.raises(KeyboardInterrupt) as interrupted:
-        jobs.embed(frame(), model=models["embed"], backend="auto", device="cpu")
+        jobs.embed(frame(), model=models["embed"], backend="ray", device="cpu")
     assert not list(tmp_path.glob("pooljobs-*"))
     # `ray.util.state.list_actors` needs the dashboard, which a loopback Ray runs without;
     # the GCS actor table is the same record.
