@@ -62,7 +62,10 @@ class FileSystems:
 
 def remote_scheme(uri: str) -> str | None:
     """The URI's filesystem scheme; None for a local path (a one-letter "scheme" is a
-    Windows drive)."""
+    Windows drive). A string without "://" or a leading "file:" is a plain path: planning
+    asks this of every input file, so it spares those a URL parse."""
+    if "://" not in uri and not uri.startswith("file:"):
+        return None
     scheme = urlparse(uri).scheme
     return scheme if len(scheme) > 1 else None
 
