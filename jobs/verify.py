@@ -21,6 +21,7 @@ import hashlib
 import json
 import sys
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,6 +32,7 @@ from jobs.cli import storage_option
 from jobs.manifest import DATA_DIR, ERRORS_DIR, Manifest
 from jobs.plan import input_fingerprint, list_inputs, plan_units
 from jobs.spec import JobSpec
+from jobs.tally import KeyTally
 from workers import storage
 from workers.reader import Unit, read_unit
 
@@ -136,11 +138,32 @@ def verify(output: str, storage_options: dict | None = None, reference: Referenc
     if [u.name for u in units] != job["units"]:
         result.problems.append("the input plans into other units than the job's")
         return result
-    records = manifest.committed()
-    schemas, seen, shards, positions = set(), Counter(), {}, {}
-    first: dict | None = None
+    with KeyTally() as tally:
+        _check_units(spec, job, output, options, units, manifest, tally, reference, result)
+        repeats, example = tally.result()
+    if repeats and spec.id_column is None:  # row keys are unique by construction
+        result.problems.append(f"{repeats} row keys repeat an earlier one, e.g. {example}")
+    result.duplicate_ids = repeats if spec.id_column else 0
+    return result
+
+
+def _in_order(units: list[Unit], records: Iterator[dict]) -> Iterator[tuple[Unit, dict | None]]:
+    """Each unit with its commit record (None when uncommitted), walking the records as
+    they are listed: both are in unit name order, so no record is held beyond its unit."""
+    pending = next(records, None)
     for unit in units:
-        record = records.get(unit.name)
+        while pending is not None and pending["name"] < unit.name:
+            pending = next(records, None)
+        yield unit, pending if pending is not None and pending["name"] == unit.name else None
+
+
+def _check_units(spec: JobSpec, job: dict, output: str, options: dict, units: list[Unit], manifest: Manifest,
+                 tally: KeyTally, reference: Reference | None, result: Verification) -> None:
+    """Check every unit's shard against its record and input, one unit in memory at a time
+    (keys go to `tally`), then the reference check."""
+    schemas, shards, positions = set(), {}, {}
+    first: dict | None = None
+    for unit, record in _in_order(units, manifest.iter_records()):
         if record is None:
             result.problems.append(f"{unit.name}: not committed")
             continue
@@ -174,18 +197,16 @@ def verify(output: str, storage_options: dict | None = None, reference: Referenc
             result.problems.append(f"{unit.name}: rows are not in input order")
         else:
             positions[unit.name] = aligned
-        seen.update(keys)
+        try:
+            tally.add(table.column(key))
+        except TypeError as e:  # the shard schemas differ too: reported below
+            result.problems.append(f"{unit.name}: {key} {e}")
         result.rows += len(keys)
         result.quarantined += len(bad)
     if len(schemas) > 1:
         result.problems.append(f"shards have {len(schemas)} different schemas")
-    duplicates = [k for k, n in seen.items() if n > 1]
-    if duplicates and spec.id_column is None:  # row keys are unique by construction
-        result.problems.append(f"{len(duplicates)} row keys appear more than once, e.g. {duplicates[0]}")
-    result.duplicate_ids = sum(seen[k] - 1 for k in duplicates) if spec.id_column else 0
     if reference and positions and first is not None:
         _reference_check(spec, job, first, units, shards, positions, reference, result)
-    return result
 
 
 def _reference_check(spec: JobSpec, job: dict, provenance: dict, units: list[Unit], shards: dict[str, pa.Table],
