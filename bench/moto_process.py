@@ -9,7 +9,7 @@ objects straight into its backend (creating 100k objects over HTTP would take lo
 than what is measured) and reads how many requests of each method it answered.
 
     with MotoProcess() as server:
-        server.seed("bucket", "in/f{:06d}.parquet", 100_000, data)
+        server.seed("bucket", "in/f{:06d}.parquet", 100_000, data)  # or seed_keys(bucket, keys, data)
         server.requests()  # {"GET": ..., "HEAD": ..., "PUT": ...} since the last call
 """
 
@@ -56,8 +56,8 @@ for line in sys.stdin:
         if command["bucket"] not in backend.buckets:
             backend.create_bucket(command["bucket"], "us-east-1")
         data = base64.b64decode(command["data"])
-        for i in range(command["count"]):
-            backend.put_object(command["bucket"], command["key"].format(i), data)
+        for key in command["keys"]:
+            backend.put_object(command["bucket"], key, data)
         answer = {}
     else:
         with lock:
@@ -82,7 +82,11 @@ class MotoProcess:
 
     def seed(self, bucket: str, key: str, count: int, data: bytes) -> None:
         """Objects `key.format(i)` for i < count, each holding `data`."""
-        self._ask({"do": "seed", "bucket": bucket, "key": key, "count": count, "data": base64.b64encode(data).decode()})
+        self.seed_keys(bucket, [key.format(i) for i in range(count)], data)
+
+    def seed_keys(self, bucket: str, keys: list[str], data: bytes) -> None:
+        """Objects at `keys`, each holding `data`."""
+        self._ask({"do": "seed", "bucket": bucket, "keys": keys, "data": base64.b64encode(data).decode()})
 
     def requests(self) -> dict[str, int]:
         """Requests answered by method since the last call."""
