@@ -223,8 +223,8 @@ class Manifest:
     # -- commits ----------------------------------------------------------------------
     def committed_names(self) -> set[str]:
         """Names of the committed units: one listing of `_manifest/`, no record read."""
-        return {e.base_name[:-5] for e in self._entries(MANIFEST_DIR)
-                if e.is_file and e.base_name.endswith(".json") and not e.base_name.startswith(".")}
+        return {name[:-5] for name in storage.list_names(self.fs, self._p(MANIFEST_DIR))
+                if name.endswith(".json") and not name.startswith(".")}
 
     def commit(self, record: dict) -> None:
         """Queue the commit record of a stored shard; it counts once stored (`flush`).
