@@ -230,3 +230,18 @@ def test_planning_reads_each_footer_in_one_request_and_a_resume_none(s3, caplog)
         caplog.clear()
         assert saved_or_planned(job, files, Manifest(job.output, options)) == (units, True)
         assert object_requests() == []
+
+
+def test_a_commit_is_one_put_through_one_client(s3, caplog):
+    options, _ = s3
+    manifest = Manifest(f"s3://{BUCKET}/commits/", options)
+    manifest.prepare({"job": "commits"}, overwrite=False)
+    with caplog.at_level(logging.INFO, logger="werkzeug"):
+        caplog.clear()
+        for i in range(20):
+            manifest.commit({"name": f"part-{i:05d}-00000", "rows": 1})
+        manifest.flush()
+        lines = [r.getMessage() for r in caplog.records if r.name == "werkzeug"]
+    manifest.close()
+    assert len(lines) == 20 and all(re.search(r'"(?:\x1b\[[0-9;]*m)*PUT /[^ ]*/_manifest/part-', line) for line in lines)
+    assert len(Manifest(f"s3://{BUCKET}/commits/", options).committed_names()) == 20
