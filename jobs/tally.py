@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 RUN_KEYS = 4_000_000  # keys held in memory: one buffer while adding, about one range while counting
-BATCH_KEYS = 1 << 16  # keys per batch of a run: the unit read back
+BATCH_KEYS = 1 << 13  # keys per batch of a run, the unit read back: a range takes ~RUN_KEYS / runs of each run
 
 
 @dataclass
