@@ -10,6 +10,8 @@ directly; every other file is `_`-prefixed):
                              pooljobs' marker: only a directory holding it is ever cleared
   _claim.json                the running job's claim (host, pid, token); gone when it ends
   _report.json, _SUCCESS     written when every unit is committed
+  _plan.json.zlib            the units planned from the input listing it names (its key), so
+                             a rerun over an unchanged listing reads no input footer
 
 A shard counts only once its manifest record exists: a driver killed between a worker's
 write and the commit (or with commit records still queued) redoes that unit on resume,
@@ -46,6 +48,7 @@ from workers import storage
 JOB_FILE, SUCCESS, REPORT, MANIFEST_DIR, ERRORS_DIR = "_job.json", "_SUCCESS", "_report.json", "_manifest", "_errors"
 DATA_DIR = "data"  # the shards: OUT/data/<unit>.parquet; quarantined rows: OUT/_errors/<unit>.parquet
 CLAIM = "_claim.json"
+PLAN = "_plan.json.zlib"
 CLAIM_SETTLE_S = 1.0  # object stores: how long a claim waits before reading itself back
 COMMIT_THREADS = 8  # record puts in flight (object stores: latency-bound)
 SHARD_NAME = re.compile(r"part-\d+-\d+\.parquet")
@@ -207,7 +210,7 @@ class Manifest:
             if self.fs.get_file_info(self._p(sub)).type == pafs.FileType.Directory and not self._entries(sub):
                 self.fs.delete_dir(self._p(sub))
         for entry in self._entries():
-            if entry.is_file and (SHARD_NAME.fullmatch(entry.base_name) or entry.base_name in (SUCCESS, REPORT, JOB_FILE)):
+            if entry.is_file and (SHARD_NAME.fullmatch(entry.base_name) or entry.base_name in (SUCCESS, REPORT, JOB_FILE, PLAN)):
                 self.fs.delete_file(entry.path)
 
     def _remove_temp_files(self) -> None:
@@ -220,8 +223,8 @@ class Manifest:
     # -- commits ----------------------------------------------------------------------
     def committed_names(self) -> set[str]:
         """Names of the committed units: one listing of `_manifest/`, no record read."""
-        return {e.base_name[:-5] for e in self._entries(MANIFEST_DIR)
-                if e.is_file and e.base_name.endswith(".json") and not e.base_name.startswith(".")}
+        return {name[:-5] for name in storage.list_names(self.fs, self._p(MANIFEST_DIR))
+                if name.endswith(".json") and not name.startswith(".")}
 
     def commit(self, record: dict) -> None:
         """Queue the commit record of a stored shard; it counts once stored (`flush`).
@@ -272,6 +275,15 @@ class Manifest:
 
     def job(self) -> dict | None:
         return self._read_json(JOB_FILE)
+
+    def saved_plan(self) -> bytes | None:
+        """The saved plan's bytes (`jobs.plan` decodes them and checks their key), or None."""
+        return storage.read_bytes(self.fs, self._p(PLAN))
+
+    def save_plan(self, data: bytes) -> None:
+        """Store the plan (one put); only the job holding the claim writes it."""
+        assert self._token is not None, "save_plan after prepare: only the claiming job writes"
+        self._put(self._p(PLAN), data)
 
 
 def _stale(holder: dict) -> bool:

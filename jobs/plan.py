@@ -13,11 +13,14 @@ files) and everything under the job's own output directory are not input.
 
 from __future__ import annotations
 
+import base64
 import fnmatch
 import hashlib
 import io
+import json
 import logging
 import os
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
@@ -28,6 +31,7 @@ import pyarrow.json as pajson
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from jobs.manifest import Manifest
 from jobs.spec import JobSpec
 from workers import storage
 from workers.reader import DATASET_FORMAT, FORMAT_OF_SUFFIX, TEXT_FORMATS, InputError, Unit, check_text_types
@@ -37,6 +41,9 @@ READERS = 32  # object stores: footers read at once (planning waits on latency, 
 LOCAL_READERS = 2  # local disks: footers are CPU work once cached
 CHUNK = 64  # files per task: a future per file costs as much as reading a cached footer
 HEAD_BYTES = 1 << 16  # what of the first JSONL/CSV file the id type is inferred from
+PARQUET = ds.ParquetFileFormat()
+PLAN_VERSION = 1  # bump when planning changes what units a listing gives: saved plans then miss
+PLANNING_OPTIONS = ("input_format", "unit_rows", "text_column", "pair_column", "id_column")
 NAME_DIGITS = 5  # unit names' minimum digits; more when the listing needs them, so names sort in input order
 
 
@@ -142,25 +149,31 @@ def list_inputs(spec: JobSpec) -> list[InputFile]:
     return [found[uri] for uri in sorted(found)]
 
 
-def _layout(fs: pafs.FileSystem, path: str, fmt: str) -> tuple[pa.Schema, list[int] | None]:
+def _layout(fs: pafs.FileSystem, path: str, f: InputFile) -> tuple[pa.Schema, list[int] | None]:
     """(schema, rows per row group), the latter None for formats without row groups."""
-    if fmt == "parquet":
-        meta = pq.read_metadata(path, filesystem=fs)
+    if f.format == "parquet":
+        if storage.is_local(fs):
+            meta = pq.read_metadata(path, filesystem=fs)
+        else:  # the listing's size spares a HEAD request: the footer is one ranged GET
+            fragment = PARQUET.make_fragment(path, filesystem=fs, file_size=f.size)
+            fragment.ensure_complete_metadata()
+            meta = fragment.metadata
         return meta.schema.to_arrow_schema(), [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
-    return ds.dataset(path, format=DATASET_FORMAT[fmt], filesystem=fs).schema, None
+    return ds.dataset(path, format=DATASET_FORMAT[f.format], filesystem=fs).schema, None
 
 
 def _layouts(spec: JobSpec, files: list[InputFile]) -> list[tuple[pa.Schema, list[int] | None] | Exception | None]:
-    """Each Parquet/IPC file's layout (or the error reading it), footers read in parallel,
-    in chunks of `CHUNK` files a task; JSONL/CSV files have none to read (they are read
-    with the job's schema, `read_types`)."""
+    """Each Parquet/IPC file's layout (or the error reading it), footers read in parallel
+    through one filesystem object per store, in chunks of `CHUNK` files a task; JSONL/CSV
+    files have none to read (they are read with the job's schema, `read_types`)."""
     filesystems = storage.FileSystems(spec.storage_options)
 
     def one(f: InputFile):
         if f.format in TEXT_FORMATS:
             return None
         try:
-            return _layout(*filesystems.resolve(f.uri), f.format)
+            fs, path = filesystems.resolve(f.uri)
+            return _layout(fs, path, f)
         except (OSError, pa.ArrowException) as e:
             return e
 
@@ -233,15 +246,23 @@ def plan_units(spec: JobSpec, files: list[InputFile]) -> list[Unit]:
     layouts = _layouts(spec, files)
     types = read_types(spec, files[0], layouts[0]) if files else None
     planned: list[list[tuple[int, int, tuple[int, ...]]] | None] = []  # per file; None: the whole file
+    checked: pa.Schema | None = None  # the last schema whose text columns passed (files mostly share one)
+
+    def check(schema: pa.Schema, uri: str) -> None:
+        nonlocal checked
+        if checked is None or not schema.equals(checked):
+            check_text_types(schema, text_columns, uri)
+            checked = schema
+
     for f, layout in zip(files, layouts):
         if f.format in TEXT_FORMATS:
             planned.append([] if f.size == 0 else None)
         elif isinstance(layout, Exception) or layout[1] is None:
             if not isinstance(layout, Exception):
-                check_text_types(layout[0], text_columns, f.uri)
+                check(layout[0], f.uri)
             planned.append(None)
         else:
-            check_text_types(layout[0], text_columns, f.uri)
+            check(layout[0], f.uri)
             planned.append(_spans(layout[1], spec.unit_rows))
     file_digits = max(NAME_DIGITS, len(str(len(files) - 1)))
     unit_digits = max([NAME_DIGITS] + [len(str(len(p) - 1)) for p in planned if p])
@@ -278,3 +299,53 @@ def input_fingerprint(files: list[InputFile]) -> str:
     """sha256 of the listing (names, formats, sizes, versions): a resume must see the same
     input, content included."""
     return hashlib.sha256(repr([tuple(f) for f in files]).encode()).hexdigest()
+
+
+def plan_key(spec: JobSpec, files: list[InputFile]) -> str:
+    """What a plan follows from: the listing (names, formats, sizes, versions) and the
+    options planning reads. Equal keys plan equal units."""
+    options = {name: getattr(spec, name) for name in PLANNING_OPTIONS}
+    return hashlib.sha256(json.dumps([PLAN_VERSION, input_fingerprint(files), options]).encode()).hexdigest()
+
+
+def encode_plan(key: str, units: list[Unit]) -> bytes:
+    """`units` as compressed JSON under `key`; JSONL/CSV units share one read schema, kept once."""
+    types = next((u.schema for u in units if u.schema is not None), None)
+
+    def row(u: Unit) -> list:
+        return [u.name, u.uri, u.format, u.row_offset, u.num_rows, list(u.row_groups),
+                [[s.uri, s.num_rows, list(s.row_groups)] for s in u.segments]]
+
+    body = {"key": key, "types": base64.b64encode(types.serialize().to_pybytes()).decode() if types else None,
+            "units": [row(u) for u in units]}
+    return zlib.compress(json.dumps(body, separators=(",", ":")).encode(), 1)
+
+
+def decode_plan(data: bytes, key: str) -> list[Unit] | None:
+    """The units `encode_plan` stored, or None when they were planned under another key
+    (or the bytes are not a plan: it is only a cache, planning again is always right)."""
+    try:
+        body = json.loads(zlib.decompress(data))
+        if body.get("key") != key:
+            return None
+        types = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(body["types"]))) if body["types"] else None
+        return [Unit(name, uri, fmt, offset, rows, tuple(groups), types if fmt in TEXT_FORMATS else None,
+                     tuple(Unit("", s_uri, "parquet", 0, s_rows, tuple(s_groups)) for s_uri, s_rows, s_groups in segments))
+                for name, uri, fmt, offset, rows, groups, segments in body["units"]]
+    except (zlib.error, ValueError, KeyError, TypeError, pa.ArrowException):
+        log.warning("plan: the saved plan cannot be read; planning again")
+        return None
+
+
+def saved_or_planned(spec: JobSpec, files: list[InputFile], manifest: Manifest) -> tuple[list[Unit], bool]:
+    """(units, reused): the plan saved in the output when the listing and the planning
+    options are unchanged (no footer read), else `plan_units`. A resume over 100k files
+    then costs one listing, not 100k footer reads."""
+    data = manifest.saved_plan()
+    units = decode_plan(data, plan_key(spec, files)) if data is not None else None
+    return (units, True) if units is not None else (plan_units(spec, files), False)
+
+
+def save_plan(manifest: Manifest, spec: JobSpec, files: list[InputFile], units: list[Unit]) -> None:
+    """Store the plan with the job (after `Manifest.prepare`), for `saved_or_planned`."""
+    manifest.save_plan(encode_plan(plan_key(spec, files), units))

@@ -21,6 +21,7 @@ import hashlib
 import json
 import sys
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,11 +32,13 @@ from jobs.cli import storage_option
 from jobs.manifest import DATA_DIR, ERRORS_DIR, Manifest
 from jobs.plan import input_fingerprint, list_inputs, plan_units
 from jobs.spec import JobSpec
+from jobs.tally import KeyTally
 from workers import storage
 from workers.reader import Unit, read_unit
 
 REFERENCE_MIN_COS = 0.999
 QUANTIZED_MIN_AGREEMENT = 0.95  # stored int8/binary values equal to the reference's, within one bucket
+VALUE_COLUMN = {"embed": "embedding", "classify": "probs", "score": "score"}  # the stored value, by task
 # Provenance fields that must agree with _job.json's options.
 _RECORDED = {"task": "task", "output_dtype": "output_dtype", "dim": "dim"}
 # Provenance fields that may differ between workers (hardware, not results).
@@ -136,11 +139,35 @@ def verify(output: str, storage_options: dict | None = None, reference: Referenc
     if [u.name for u in units] != job["units"]:
         result.problems.append("the input plans into other units than the job's")
         return result
-    records = manifest.committed()
-    schemas, seen, shards, positions = set(), Counter(), {}, {}
-    first: dict | None = None
+    with KeyTally() as tally:
+        _check_units(spec, job, output, options, units, manifest, tally, reference, result)
+        repeats, example = tally.result()
+    if repeats and spec.id_column is None:  # row keys are unique by construction
+        result.problems.append(f"{repeats} row keys repeat an earlier one, e.g. {example}")
+    result.duplicate_ids = repeats if spec.id_column else 0
+    return result
+
+
+def _in_order(units: list[Unit], records: Iterator[dict]) -> Iterator[tuple[Unit, dict | None]]:
+    """Each unit with its commit record (None when uncommitted), walking the records as
+    they are listed: both are in unit name order, so no record is held beyond its unit."""
+    pending = next(records, None)
     for unit in units:
-        record = records.get(unit.name)
+        while pending is not None and pending["name"] < unit.name:
+            pending = next(records, None)
+        yield unit, pending if pending is not None and pending["name"] == unit.name else None
+
+
+def _check_units(spec: JobSpec, job: dict, output: str, options: dict, units: list[Unit], manifest: Manifest,
+                 tally: KeyTally, reference: Reference | None, result: Verification) -> None:
+    """Check every unit's shard against its record and input, one unit in memory at a time
+    (keys go to `tally`), then the reference check on rows sampled beforehand (only
+    those rows' values are kept)."""
+    schemas: set[str] = set()
+    wanted = _sample(units, manifest, reference) if reference else {}
+    samples: dict[str, list[tuple[int, np.ndarray]]] = {}  # unit -> (input row, stored value)
+    first: dict | None = None
+    for unit, record in _in_order(units, manifest.iter_records()):
         if record is None:
             result.problems.append(f"{unit.name}: not committed")
             continue
@@ -152,8 +179,6 @@ def verify(output: str, storage_options: dict | None = None, reference: Referenc
             result.problems.append(f"{unit.name}: shard checksum differs from its commit record")
             continue
         table = pq.read_table(pa.BufferReader(data))
-        if reference:  # only the reference check reads the values back
-            shards[unit.name] = table
         schemas.add(table.schema.remove_metadata().to_string())
         try:
             provenance = json.loads((table.schema.metadata or {})[b"pooljobs"])
@@ -172,27 +197,43 @@ def verify(output: str, storage_options: dict | None = None, reference: Referenc
             result.problems.append(f"{unit.name}: output + quarantine rows differ from the input rows of {unit.uri}")
         elif aligned is None:
             result.problems.append(f"{unit.name}: rows are not in input order")
-        else:
-            positions[unit.name] = aligned
-        seen.update(keys)
+        elif unit.name in wanted:
+            column = table.column(VALUE_COLUMN[spec.task])
+            samples[unit.name] = [(aligned[i], np.asarray(column[i].as_py()).reshape(-1))
+                                  for i in wanted[unit.name] if i < len(keys)]
+        try:
+            tally.add(table.column(key))
+        except TypeError as e:  # the shard schemas differ too: reported below
+            result.problems.append(f"{unit.name}: {key} {e}")
         result.rows += len(keys)
         result.quarantined += len(bad)
     if len(schemas) > 1:
         result.problems.append(f"shards have {len(schemas)} different schemas")
-    duplicates = [k for k, n in seen.items() if n > 1]
-    if duplicates and spec.id_column is None:  # row keys are unique by construction
-        result.problems.append(f"{len(duplicates)} row keys appear more than once, e.g. {duplicates[0]}")
-    result.duplicate_ids = sum(seen[k] - 1 for k in duplicates) if spec.id_column else 0
-    if reference and positions and first is not None:
-        _reference_check(spec, job, first, units, shards, positions, reference, result)
-    return result
+    if reference and samples and first is not None:
+        _reference_check(spec, job, first, units, samples, reference, result)
 
 
-def _reference_check(spec: JobSpec, job: dict, provenance: dict, units: list[Unit], shards: dict[str, pa.Table],
-                     positions: dict[str, list[int]], reference: Reference, result: Verification) -> None:
-    """Recompute sampled rows with `states.reference` from the caller's model; every
+def _sample(units: list[Unit], manifest: Manifest, reference: Reference) -> dict[str, list[int]]:
+    """Shard rows to recompute, unit -> row indices: `reference.rows` drawn (seeded) from
+    every committed shard row, counted from the records' row counts."""
+    names = {u.name for u in units}
+    sizes = [(r["name"], r["rows"]) for r in manifest.iter_records() if r["name"] in names]
+    ends = np.cumsum([rows for _, rows in sizes])
+    total = int(ends[-1]) if len(ends) else 0
+    rng = np.random.default_rng(reference.seed)
+    wanted: dict[str, list[int]] = {}
+    for k in sorted(rng.choice(total, size=min(reference.rows, total), replace=False)):
+        at = int(np.searchsorted(ends, k, side="right"))
+        wanted.setdefault(sizes[at][0], []).append(int(k - (ends[at] - sizes[at][1])))
+    return wanted
+
+
+def _reference_check(spec: JobSpec, job: dict, provenance: dict, units: list[Unit],
+                     samples: dict[str, list[tuple[int, np.ndarray]]], reference: Reference,
+                     result: Verification) -> None:
+    """Recompute the sampled rows with `states.reference` from the caller's model; every
     disagreement (another model, other dimensions, values) is a problem on `result`.
-    `positions[unit][i]` is the unit's input row of shard row i."""
+    `samples[unit]` holds (the unit's input row, the stored value) of each sampled row."""
     from states.errors import ModelLoadError
     from states.files import check_model_dir, fingerprint
     from states.reference import ReferenceModel, compute
@@ -205,21 +246,15 @@ def _reference_check(spec: JobSpec, job: dict, provenance: dict, units: list[Uni
     if fingerprint(model_dir) != job["model_sha256"]:
         result.problems.append(f"--model {reference.model} is not the model the job ran (its files' sha256 differs)")
         return
-    rng = np.random.default_rng(reference.seed)
-    picks = [(name, i) for name in positions for i in range(len(positions[name]))]
-    chosen: dict[str, list[int]] = {}
-    for k in sorted(rng.choice(len(picks), size=min(reference.rows, len(picks)), replace=False)):
-        chosen.setdefault(picks[k][0], []).append(picks[k][1])
     by_unit = {u.name: u for u in units}
     texts, pairs, stored = [], [], []
-    column = {"embed": "embedding", "classify": "probs", "score": "score"}[spec.task]
-    for name, rows in chosen.items():  # each sampled unit's input is read once
+    column = VALUE_COLUMN[spec.task]
+    for name, rows in samples.items():  # each sampled unit's input is read once
         source = read_unit(by_unit[name], [c for c in (spec.text_column, spec.pair_column) if c], spec.storage_options)
-        for i in rows:
-            row = positions[name][i]
+        for row, value in rows:
             texts.append(source.column(spec.text_column)[row].as_py())
             pairs.append(source.column(spec.pair_column)[row].as_py() if spec.pair_column else None)
-            stored.append(np.asarray(shards[name].column(column)[i].as_py()).reshape(-1))
+            stored.append(value)
     ref = ReferenceModel(model_dir, spec.task, provenance, reference.trust_remote_code)
     try:
         want = compute(ref, texts, pairs if spec.pair_column else None)[column]

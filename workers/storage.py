@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from urllib.parse import quote, unquote, urlparse
 
@@ -62,7 +63,10 @@ class FileSystems:
 
 def remote_scheme(uri: str) -> str | None:
     """The URI's filesystem scheme; None for a local path (a one-letter "scheme" is a
-    Windows drive)."""
+    Windows drive). A string without "://" or a leading "file:" is a plain path: planning
+    asks this of every input file, so it spares those a URL parse."""
+    if "://" not in uri and not uri.startswith("file:"):
+        return None
     scheme = urlparse(uri).scheme
     return scheme if len(scheme) > 1 else None
 
@@ -93,3 +97,16 @@ def list_dir(fs: pafs.FileSystem, path: str) -> list[pafs.FileInfo]:
     if fs.get_file_info(path).type == pafs.FileType.NotFound:
         return []
     return sorted(fs.get_file_info(pafs.FileSelector(path)), key=lambda e: e.base_name)
+
+
+def list_names(fs: pafs.FileSystem, path: str) -> list[str]:
+    """The names of the files directly in `path`, unsorted; none when it does not exist.
+    A local directory is read without a stat per entry (what `list_dir` pays for sizes
+    and times): resuming a job lists every commit record by name alone."""
+    if is_local(fs):
+        try:
+            with os.scandir(path) as entries:
+                return [e.name for e in entries if e.is_file()]
+        except FileNotFoundError:
+            return []
+    return [e.base_name for e in list_dir(fs, path) if e.is_file]

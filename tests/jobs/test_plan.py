@@ -16,8 +16,9 @@ import pyarrow.parquet as pq
 
 import jobs.plan
 from jobs.driver import REPO_ROOT
-from jobs.manifest import Manifest
-from jobs.plan import _spans, list_inputs, plan_units
+from jobs.manifest import PLAN, Manifest
+from jobs.plan import InputFile, _spans, list_inputs, plan_units, save_plan, saved_or_planned
+from jobs.spec import JobSpec
 
 
 def _write(path: Path, rows: int = 3, row_group_size: int | None = None) -> None:
@@ -155,3 +156,65 @@ def test_small_files_share_units_resume_and_quarantine_per_file(make_spec, singl
     again = run_job(spec)
     assert again.ok and again.report["units_run_now"] == 1
     assert pq.read_table(out / "data", columns=["row_key"]).column("row_key").to_pylist() == keys
+
+
+def _mixed_input(src: Path) -> None:
+    """Small Parquet files that share a unit, a file split at row groups, JSONL files."""
+    src.mkdir()
+    for f in range(3):
+        _write(src / f"a{f}.parquet", rows=3)
+    _write(src / "b.parquet", rows=30, row_group_size=4)
+    (src / "c.jsonl").write_text('{"id": 1, "text": "x"}\n{"id": 2, "text": "y"}\n')
+    (src / "d.jsonl").write_text('{"id": 3, "text": "z"}\n')
+
+
+def test_saved_plan_is_reused_while_the_listing_is_unchanged(tmp_path, monkeypatch):
+    src = tmp_path / "in"
+    _mixed_input(src)
+    spec = JobSpec(input=str(src), output=str(tmp_path / "out"), model="-", id_column="id", unit_rows=10)
+    files = list_inputs(spec)
+    manifest = Manifest(spec.output)
+    units, reused = saved_or_planned(spec, files, manifest)
+    assert not reused and any(u.segments for u in units) and any(u.schema is not None for u in units)
+    manifest.prepare({"job": 1}, overwrite=False)
+    save_plan(manifest, spec, files, units)
+    manifest.close()
+
+    def no_footers(*_):
+        raise AssertionError("a reused plan reads no footer")
+
+    with monkeypatch.context() as m:
+        m.setattr(jobs.plan, "_layouts", no_footers)
+        again, reused = saved_or_planned(spec, list_inputs(spec), Manifest(spec.output))
+    assert reused and again == units
+
+    # another unit size, or a file rewritten (its mtime changes), plans again
+    assert saved_or_planned(spec.model_copy(update={"unit_rows": 7}), files, Manifest(spec.output))[1] is False
+    os.utime(src / "b.parquet", ns=(1, 1))
+    changed = list_inputs(spec)
+    assert changed != files and saved_or_planned(spec, changed, Manifest(spec.output)) == (plan_units(spec, changed), False)
+
+
+def test_unreadable_saved_plan_plans_again_and_clear_removes_it(tmp_path):
+    src = tmp_path / "in"
+    _mixed_input(src)
+    spec = JobSpec(input=str(src), output=str(tmp_path / "out"), model="-", id_column="id")
+    files = list_inputs(spec)
+    manifest = Manifest(spec.output)
+    manifest.prepare({"job": 1}, overwrite=False)
+    (tmp_path / "out" / PLAN).write_bytes(b"not a plan")
+    assert saved_or_planned(spec, files, manifest) == (plan_units(spec, files), False)
+    save_plan(manifest, spec, files, plan_units(spec, files))
+    manifest.clear()
+    manifest.close()
+    assert not (tmp_path / "out" / PLAN).exists()
+
+
+def test_unit_names_sort_in_input_order_past_100000_files(tmp_path):
+    """100,001 files name their units with six digits, all of them, so names still sort
+    in input order (JSONL files: planned without reading them)."""
+    spec = JobSpec(input=str(tmp_path), output=str(tmp_path / "out"), model="-")
+    files = [InputFile(f"{tmp_path}/f{i:06d}.jsonl", "jsonl", 10, "0") for i in range(100_001)]
+    names = [u.name for u in plan_units(spec, files)]
+    assert names[0] == "part-000000-00000" and names[-1] == "part-100000-00000"
+    assert names == sorted(names) and len(set(names)) == len(files)

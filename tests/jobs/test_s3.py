@@ -8,7 +8,9 @@ one commit record and the success marker, as a driver killed mid-job would leave
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -19,6 +21,7 @@ import pytest
 from jobs.cli import main as cli_main
 from jobs.driver import REPO_ROOT, run_job
 from jobs.manifest import Manifest
+from jobs.plan import list_inputs, plan_units, save_plan, saved_or_planned
 from jobs.spec import JobSpec
 from tests.jobs.fixtures_models import read_shard_table, save_tiny_bert, write_corpus
 
@@ -201,3 +204,44 @@ def test_cli_missing_s3_input_is_a_user_error(s3, model, uri, capsys):
     argv = ["--input", uri, "--output", f"s3://{BUCKET}/never/", "--model", model, "--backend", "local", *flags]
     assert cli_main("jobs.embed", "test", ("embed",), argv) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_planning_reads_each_footer_in_one_request_and_a_resume_none(s3, caplog):
+    """A footer is one ranged GET (the listing's size spares the HEAD); with the plan saved
+    in the output, planning again over the same listing reads no input object at all."""
+    options, _ = s3
+    job = JobSpec(input=f"s3://{BUCKET}/in/", output=f"s3://{BUCKET}/plan-out/", model="-", id_column="id",
+                  unit_rows=40, storage_options=options)
+
+    def object_requests() -> list[str]:
+        lines = [r.getMessage() for r in caplog.records if r.name == "werkzeug" and f"/{BUCKET}/in/" in r.getMessage()]
+        caplog.clear()
+        return [re.search(r'"(?:\x1b\[[0-9;]*m)*([A-Z]+) /', line).group(1) for line in lines]
+
+    with caplog.at_level(logging.INFO, logger="werkzeug"):
+        files = list_inputs(job)
+        caplog.clear()
+        units = plan_units(job, files)
+        assert object_requests() == ["GET"] * len(files) == ["GET", "GET"]
+        manifest = Manifest(job.output, options)
+        manifest.prepare({"job": "plan"}, overwrite=False)
+        save_plan(manifest, job, files, units)
+        manifest.close()
+        caplog.clear()
+        assert saved_or_planned(job, files, Manifest(job.output, options)) == (units, True)
+        assert object_requests() == []
+
+
+def test_a_commit_is_one_put_through_one_client(s3, caplog):
+    options, _ = s3
+    manifest = Manifest(f"s3://{BUCKET}/commits/", options)
+    manifest.prepare({"job": "commits"}, overwrite=False)
+    with caplog.at_level(logging.INFO, logger="werkzeug"):
+        caplog.clear()
+        for i in range(20):
+            manifest.commit({"name": f"part-{i:05d}-00000", "rows": 1})
+        manifest.flush()
+        lines = [r.getMessage() for r in caplog.records if r.name == "werkzeug"]
+    manifest.close()
+    assert len(lines) == 20 and all(re.search(r'"(?:\x1b\[[0-9;]*m)*PUT /[^ ]*/_manifest/part-', line) for line in lines)
+    assert len(Manifest(f"s3://{BUCKET}/commits/", options).committed_names()) == 20

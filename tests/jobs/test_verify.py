@@ -160,3 +160,24 @@ def test_unit_with_every_row_quarantined_keeps_the_shard_schema(make_spec, tmp_p
     assert len(schemas) == 1 and "embedding" in next(iter(schemas)).names
     result = verify(str(out))
     assert result.ok, result.problems
+
+
+def test_reference_rows_are_drawn_from_the_record_row_counts(tmp_path):
+    """The sample is drawn before any shard is read, from the records alone, so verify
+    keeps only the sampled rows' values: distinct rows, each inside its shard."""
+    from jobs.manifest import Manifest
+    from jobs.verify import Reference, _sample
+    from workers.reader import Unit
+
+    manifest = Manifest(str(tmp_path / "out"))
+    manifest.prepare({"job": 1}, overwrite=False)
+    rows = {"part-00000-00000": 5, "part-00000-00001": 0, "part-00001-00000": 3, "part-00002-00000": 4}
+    for name, n in rows.items():
+        manifest.commit({"name": name, "rows": n})
+    manifest.finish({}, success=True)
+    units = [Unit(name, "f", "parquet", 0, n) for name, n in rows.items() if name != "part-00002-00000"]
+    picked = _sample(units, Manifest(str(tmp_path / "out")), Reference(rows=6, model="-"))
+    pairs = [(name, i) for name, indices in picked.items() for i in indices]
+    assert len(pairs) == len(set(pairs)) == 6 and all(0 <= i < rows[name] for name, i in pairs)
+    assert "part-00002-00000" not in picked  # a record of no planned unit is never sampled
+    assert sum(len(v) for v in _sample(units, Manifest(str(tmp_path / "out")), Reference(rows=50, model="-")).values()) == 8
