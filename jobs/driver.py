@@ -32,7 +32,7 @@ from typing import Callable
 
 from jobs import pool as pools
 from jobs.manifest import Manifest
-from jobs.plan import input_fingerprint, list_inputs, plan_units
+from jobs.plan import input_fingerprint, list_inputs, save_plan, saved_or_planned
 from jobs.preflight import check_job
 from jobs.progress import Progress
 from jobs.spec import JobSpec
@@ -131,7 +131,9 @@ def run_job(spec: JobSpec, keep_workers: bool = False, started_at: float | None 
     t0 = time.perf_counter()
     clock = Clock(started_at)
     files = list_inputs(spec)
-    units = check_job(spec, files, plan_units(spec, files))
+    manifest = Manifest(spec.output, spec.storage_options)  # opens nothing until `prepare`
+    planned, _ = saved_or_planned(spec, files, manifest)  # no footer read while the listing is unchanged
+    units = check_job(spec, files, planned)
     rows = planned_rows(units)
     decisions = decide(spec, rows)
     backend, why = choose_backend(spec, rows)
@@ -143,11 +145,10 @@ def run_job(spec: JobSpec, keep_workers: bool = False, started_at: float | None 
     model_options = type(model_options)(**{**model_options.__dict__, "compile": decisions["compile"]})
     workers = Workers(spec, backend, model_options, keep_workers, clock)
     workers.start()  # Ray, actors, model loads: beside the hashing and the claim below
-    manifest = None
     try:
         job = identity(spec, files, units, {k: decisions[k] for k in ("compile",)})
-        manifest = Manifest(spec.output, spec.storage_options)
         manifest.prepare(job, spec.overwrite)
+        save_plan(manifest, spec, files, planned)  # the whole plan (never the --limit cut), after prepare may clear
         clock.mark("claim")
         done = manifest.committed_names()
         todo = [u for u in units if u.name not in done]
@@ -174,8 +175,7 @@ def run_job(spec: JobSpec, keep_workers: bool = False, started_at: float | None 
         workers.finish(ok=False)
         raise
     finally:
-        if manifest is not None:
-            manifest.close()
+        manifest.close()
     return Outcome(spec.output, report, failed)
 
 

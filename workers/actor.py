@@ -127,8 +127,9 @@ class Worker:
         runner = self._runners.get(call_id) if call_id else None
         info = {"pid": os.getpid(), "loads": self.loads, "load_seconds": self.load_seconds}
         if runtime is not None:
-            info.update(worker=runner.worker if runner else str(runtime.device), state=runtime.state.kind,
-                        compiled=runtime.compiled, execution=runtime.state.execution)
+            provenance = runtime.provenance()
+            info.update(worker=runner.worker if runner else str(runtime.device), state=provenance["state"],
+                        compiled=provenance["compiled"] == "True", execution=provenance["execution"])
         if runner is not None:
             info["max_tokens"] = runner.max_tokens
         return info

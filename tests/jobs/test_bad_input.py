@@ -196,7 +196,7 @@ def test_input_values_never_become_paths(make_spec, tmp_path):
     assert run_job(make_spec(out, input=str(src.parent), backend="local")).ok
     written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file() and "in" not in p.parts)
     assert written == ["o/_SUCCESS", "o/_errors/part-00000-00000.parquet", "o/_job.json", "o/_manifest/part-00000-00000.json",
-                       "o/_report.json", "o/data/part-00000-00000.parquet"]
+                       "o/_plan.json.zlib", "o/_report.json", "o/data/part-00000-00000.parquet"]
 
 
 def test_remote_code_and_pickle_refused_by_default(make_spec, tiny_bert, tmp_path):

@@ -125,7 +125,7 @@ def test_s3_job_commits_the_same_shards_as_local_disk(s3, model, local_shards):
     assert outcome.ok, outcome.failed
     assert outcome.report["units_committed"] == outcome.report["units_run_now"] == len(SHARDS)
 
-    expected = {"_SUCCESS", "_job.json", "_report.json", *(f"data/{n}.parquet" for n in SHARDS),
+    expected = {"_SUCCESS", "_job.json", "_plan.json.zlib", "_report.json", *(f"data/{n}.parquet" for n in SHARDS),
                 *(f"_manifest/{n}.json" for n in SHARDS)}
     assert names(fs, f"{BUCKET}/out") == expected
     records = Manifest(f"s3://{BUCKET}/out/", options).committed()
