@@ -33,6 +33,8 @@ import pyarrow.compute as pc
 import torch
 from torch.profiler import record_function
 
+from states import ragged
+from states.ragged import Ragged
 from states.runtime import Runtime
 from workers import storage
 from workers.packing import PackPlan, build_pack, plan_packs
@@ -49,6 +51,9 @@ RAMP_GROWTH = 1.25
 GROUP_TOKENS = 1 << 17  # tokenized windows merged into one launch group, up to this many tokens
 FIRST_GROUP_TOKENS = 1 << 14  # a unit's first launch group; the next ones double (`group_targets`)
 WARM_IN_FLIGHT = 4  # copies of each warm-up pack queued at once (a unit keeps several packs in flight)
+
+
+Output = np.ndarray | tuple[np.ndarray, np.ndarray]  # (N, ...), or a ragged output's (values, lengths)
 
 
 class RowError(ValueError):
@@ -428,13 +433,21 @@ class UnitRunner:
         timer.stop()
         return self._writes.submit(self._write_part, shard, source, rows, chunks, host, timer), padded
 
-    def _to_host(self, outputs: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        """Packs' outputs -> one non-blocking copy home per output."""
-        return {k: torch.cat([o[k] for o in outputs]).to("cpu", non_blocking=True) if outputs
-                else torch.zeros((0, *shape)) for k, shape in self.runtime.output_shapes.items()}
+    def _to_host(self, outputs: list[dict[str, torch.Tensor | Ragged]]) -> dict[str, torch.Tensor | list[Ragged]]:
+        """Packs' outputs -> one non-blocking copy home per output; ragged outputs (their widths
+        differ per pack) as one copy per pack, flattened by the writer thread."""
+        home: dict[str, torch.Tensor | list[Ragged]] = {}
+        for k, shape in self.runtime.output_shapes.items():
+            if k in self.runtime.ragged:
+                home[k] = [o[k].to("cpu", non_blocking=True) for o in outputs] or [Ragged.empty(shape)]
+            else:
+                home[k] = torch.cat([o[k] for o in outputs]).to("cpu", non_blocking=True) if outputs \
+                    else torch.zeros((0, *shape))
+        return home
 
     def _write_part(self, shard: ShardWriter, source: Future, rows: list[np.ndarray],
-                    chunks: list[np.ndarray], host: dict[str, torch.Tensor], timer: DeviceTimer) -> tuple[float, float]:
+                    chunks: list[np.ndarray], host: dict[str, torch.Tensor | list[Ragged]],
+                    timer: DeviceTimer) -> tuple[float, float]:
         """One group of windows' rows into the shard, in input order (on the writer thread, once the
         device has produced them); (device seconds, host seconds) spent on them."""
         with record_function("pooljobs.wait_device"):
@@ -445,9 +458,10 @@ class UnitRunner:
         return device_s, time.perf_counter() - t
 
     def _encode_part(self, shard: ShardWriter, keys: tuple[str, pa.Array], rows: list[np.ndarray],
-                     chunks: list[np.ndarray], host: dict[str, torch.Tensor]) -> None:
+                     chunks: list[np.ndarray], host: dict[str, torch.Tensor | list[Ragged]]) -> None:
         """Per-pack rows and their outputs (home, on the host) -> a row group of the shard."""
-        rows, chunks, outputs = self._assemble(rows, chunks, {k: v.numpy() for k, v in host.items()})
+        arrays = {k: ragged.flatten(v) if isinstance(v, list) else v.numpy() for k, v in host.items()}
+        rows, chunks, outputs = self._assemble(rows, chunks, arrays)
         key_name, key_values = keys
         columns = {key_name: key_values.take(pa.array(rows, type=pa.int64()))}
         if self.options.overlong == "chunk" and self.options.chunk_aggregate == "none":
@@ -456,16 +470,16 @@ class UnitRunner:
         part = pa.table({**columns, **out})
         shard.write(part.replace_schema_metadata(self._schema_metadata))
 
-    def _assemble(self, rows: list[np.ndarray], chunks: list[np.ndarray], outputs: dict[str, np.ndarray]
-                  ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    def _assemble(self, rows: list[np.ndarray], chunks: list[np.ndarray], outputs: dict[str, Output]
+                  ) -> tuple[np.ndarray, np.ndarray, dict[str, Output]]:
         """Per-pack (unit rows, chunk numbers) and the outputs in pack order -> all in input
-        order; with chunk_aggregate='mean', one row per text: the mean of its windows,
-        renormalized when normalizing."""
+        order (ragged outputs as (values, lengths)); with chunk_aggregate='mean', one row per
+        text: the mean of its windows, renormalized when normalizing."""
         if not rows:
             return np.zeros(0, np.int64), np.zeros(0, np.int32), outputs
         rows, chunks = np.concatenate(rows), np.concatenate(chunks)
         order = np.lexsort((chunks, rows))
-        outputs = {k: v[order] for k, v in outputs.items()}
+        outputs = {k: ragged.take(*v, order) if isinstance(v, tuple) else v[order] for k, v in outputs.items()}
         rows, chunks = rows[order], chunks[order]
         if self.options.overlong != "chunk" or self.options.chunk_aggregate == "none":
             return rows, chunks, outputs
