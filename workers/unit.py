@@ -213,6 +213,9 @@ class UnitRunner:
         `tokenize_in_tasks`: tokenize in Ray CPU tasks (for GPU workers inside Ray)."""
         self.options = options
         self.runtime = runtime
+        if options.overlong == "chunk" and options.chunk_aggregate == "mean" and runtime.ragged:
+            raise ValueError("chunk_aggregate='mean' averages dense embeddings only; this model's sparse or "
+                             "multivector outputs need chunk_aggregate='none'")
         self.tokenizer_spec = TokenizerSpec.from_hf(self.runtime.tokenizer, self.runtime.max_length, self.runtime.prompt,
                                                     chunk=options.overlong == "chunk", stride=options.chunk_stride)
         self.tokenizer = (RayTokenizer(self.tokenizer_spec, options.max_retries) if tokenize_in_tasks
