@@ -33,8 +33,8 @@ def activation(path: str | None) -> nn.Module:
 def _check_io(config: dict, kind: str) -> None:
     """A module maps sentence embeddings to sentence embeddings, or every token's states to
     token states (a MultiVectorEncoder's projection); the pipeline places it by that name."""
-    names = {config.get(k) or "sentence_embedding" for k in ("module_input_name", "module_output_name")}
-    if len(names) != 1 or not names <= {"sentence_embedding", "token_embeddings"}:
+    source = config.get("module_input_name") or "sentence_embedding"
+    if (config.get("module_output_name") or source) != source or source not in ("sentence_embedding", "token_embeddings"):
         raise ModelLoadError(f"{kind} reads {config.get('module_input_name')!r} and writes "
                              f"{config.get('module_output_name')!r}; pooljobs runs it on sentence embeddings or "
                              "on token embeddings, in place")
