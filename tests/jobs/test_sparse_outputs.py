@@ -71,3 +71,14 @@ def test_output_options_are_checked(models, tmp_path):
     for extra in (["--outputs", "dense,bogus"], ["--outputs", "sparse", "--overlong", "chunk"],
                   ["--outputs", "multivector", "--output-dtype", "ubinary"]):
         assert main("jobs.embed", "", ("embed",), base + extra, {"task": "embed"}) == 2
+
+
+def test_dry_run_names_the_columns(models, tmp_path, capsys):
+    splade, _ = models
+    src = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"text": ["a b", "c"]}), src)
+    argv = ["--input", str(src), "--output", str(tmp_path / "o"), "--model", str(splade), "--device", "cpu",
+            "--backend", "local", "--outputs", "dense,sparse", "--dry-run"]
+    assert main("jobs.embed", "", ("embed",), argv, {"task": "embed"}) == 0
+    printed = capsys.readouterr().out
+    assert "sparse_indices" in printed and "list<item: int32 not null>" in printed and "embedding" in printed
