@@ -211,24 +211,54 @@ def _reference_check(spec: JobSpec, job: dict, provenance: dict, units: list[Uni
     for k in sorted(rng.choice(len(picks), size=min(reference.rows, len(picks)), replace=False)):
         chosen.setdefault(picks[k][0], []).append(picks[k][1])
     by_unit = {u.name: u for u in units}
-    texts, pairs, stored = [], [], []
-    column = {"embed": "embedding", "classify": "probs", "score": "score"}[spec.task]
+    texts, pairs = [], []
+    outputs = {"embed": [_OUTPUT_NAMES[k] for k in provenance.get("outputs", "dense").split(",")],
+               "classify": ["probs"], "score": ["score"]}[spec.task]
+    stored: dict[str, list] = {column: [] for column in outputs}
     for name, rows in chosen.items():  # each sampled unit's input is read once
         source = read_unit(by_unit[name], [c for c in (spec.text_column, spec.pair_column) if c], spec.storage_options)
         for i in rows:
             row = positions[name][i]
             texts.append(source.column(spec.text_column)[row].as_py())
             pairs.append(source.column(spec.pair_column)[row].as_py() if spec.pair_column else None)
-            stored.append(np.asarray(shards[name].column(column)[i].as_py()).reshape(-1))
+            for column in outputs:
+                stored[column].append(_stored(shards[name], column, i))
     ref = ReferenceModel(model_dir, spec.task, provenance, reference.trust_remote_code)
     try:
-        want = compute(ref, texts, pairs if spec.pair_column else None)[column]
+        want = compute(ref, texts, pairs if spec.pair_column else None)
     except Exception as e:  # noqa: BLE001 - a reference that cannot run is reported, not raised
         result.problems.append(f"the reference cannot recompute the rows: {type(e).__name__}: {e}")
         return
-    got = np.stack(stored)
-    _compare(got, want.reshape(len(got), -1), spec.output_dtype if spec.task == "embed" else "float32",
-             provenance, result)
+    for column in outputs:
+        if column == "sparse":  # stored (indices, values) against the reference's dense weights
+            got = np.zeros_like(want[column])
+            for r, (indices, values) in enumerate(stored[column]):
+                got[r, indices] = values
+            _compare(got, want[column], "float32", provenance, result)
+        elif column == "multivector":  # every kept token's vector, rows with the reference's token counts
+            shapes = [g.shape for g in stored[column]], [w.shape for w in want[column]]
+            if shapes[0] != shapes[1]:
+                result.problems.append("stored multivector rows keep other tokens than the reference's")
+                continue
+            _compare(np.concatenate(stored[column]), np.concatenate(want[column]), "float32", provenance, result)
+        else:
+            got = np.stack(stored[column])
+            _compare(got, want[column].reshape(len(got), -1), spec.output_dtype if spec.task == "embed" else "float32",
+                     provenance, result)
+
+
+# The reference's output name of each output kind a job may write.
+_OUTPUT_NAMES = {"dense": "embedding", "sparse": "sparse", "multivector": "multivector"}
+
+
+def _stored(shard: pa.Table, column: str, i: int):
+    """Row i's stored value of an output: a flat vector, (indices, values) for sparse, (tokens, d) for multivector."""
+    if column == "sparse":
+        return (np.asarray(shard.column("sparse_indices")[i].as_py(), np.int64),
+                np.asarray(shard.column("sparse_values")[i].as_py(), np.float32))
+    if column == "multivector":
+        return np.asarray(shard.column(column)[i].as_py(), np.float32)
+    return np.asarray(shard.column(column)[i].as_py()).reshape(-1)
 
 
 def _compare(got: np.ndarray, want: np.ndarray, output_dtype: str, provenance: dict, result: Verification) -> None:
@@ -240,7 +270,8 @@ def _compare(got: np.ndarray, want: np.ndarray, output_dtype: str, provenance: d
             return
         got, want = got.astype(np.float64), want.astype(np.float64)
         norms = np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1)
-        result.min_cos = float(np.min((got * want).sum(1) / np.where(norms == 0, 1.0, norms)))
+        min_cos = float(np.min((got * want).sum(1) / np.where(norms == 0, 1.0, norms)))
+        result.min_cos = min_cos if result.min_cos is None else min(result.min_cos, min_cos)  # over every output
         if result.min_cos < REFERENCE_MIN_COS:
             result.problems.append(f"recomputed rows disagree: min cosine {result.min_cos:.6f} < {REFERENCE_MIN_COS}")
         return

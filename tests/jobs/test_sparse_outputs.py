@@ -10,7 +10,7 @@ import pytest
 
 import jobs
 from jobs.cli import main
-from jobs.verify import verify
+from jobs.verify import Reference, verify
 from tests.sparse_models import save_colbert, save_splade
 
 TEXTS = ["the quick brown fox, jumps!", "", "Engineers debug Ray jobs all day; and all night.", None, "a dog"]
@@ -55,8 +55,8 @@ def test_cli_writes_what_verify_accepts(models, tmp_path):
         argv = ["--input", str(src), "--output", str(tmp_path / name), "--model", str(model), "--id-column", "id",
                 "--device", "cpu", "--backend", "local", "--no-progress", *extra]
         assert main("jobs.embed", "", ("embed",), argv, {"task": "embed"}) == 0
-        result = verify(str(tmp_path / name))
-        assert result.ok, result.problems
+        result = verify(str(tmp_path / name), reference=Reference(4, str(model)))
+        assert result.ok and result.min_cos > 0.99999, result.problems
     shard = pq.read_table(tmp_path / "s" / "data")
     assert max(len(r) for r in shard.column("sparse_indices").to_pylist()) <= 8
     assert shard.column("id").to_pylist() == [0, 1, 2, 4]
