@@ -19,6 +19,7 @@ and the writer; `sparse-top256` bounds the width as a trained model's sparsity w
 from __future__ import annotations
 
 import argparse
+import shutil
 import string
 import tempfile
 from pathlib import Path
@@ -26,8 +27,7 @@ from pathlib import Path
 import torch
 
 from bench.__main__ import SHAPES, TOKENIZER_FILES, make_corpus, tokenize_corpus
-from bench.forward import group_packs
-from states.interface import Pack
+from bench.forward import device_seconds, group_packs
 from states.runtime import ModelOptions, Runtime
 
 # name -> (model: "sparse" | "multivector" directory, ModelOptions overrides)
@@ -71,19 +71,6 @@ def build_models(shape: str, tokenizer_dir: Path, root: Path) -> dict[str, Path]
     return paths
 
 
-def seconds(runtime: Runtime, packs: list[Pack]) -> float:
-    """CUDA time of every pack's compute and copy home, back to back."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for pack in packs:
-        out = runtime.compute(pack.to("cuda", non_blocking=True))
-        for value in out.values():
-            value.to("cpu", non_blocking=True)
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / 1e3
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokenizer", type=Path, required=True)
@@ -102,8 +89,8 @@ def main() -> None:
         model, overrides = VARIANTS[name]
         runtime = Runtime(ModelOptions(str(paths[model]), device="cuda", **overrides))
         packs = group_packs(enc, args.max_tokens, runtime.state.packed)
-        seconds(runtime, packs)  # first use of each pack size
-        best = min(seconds(runtime, packs) for _ in range(3))
+        device_seconds(runtime, packs, copy_home=True)  # first use of each pack size
+        best = min(device_seconds(runtime, packs, copy_home=True) for _ in range(3))
         anchor = anchor or (best if name == "dense" else None)
         ratio = f"{best / anchor:.2f}x dense's time" if anchor else "(no dense anchor)"
         print(f"| {args.shape} | {name} | {tokens / best:,.0f} tokens/s | {best * 1e3:.0f} ms | {ratio} |", flush=True)
