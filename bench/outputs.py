@@ -42,8 +42,6 @@ VARIANTS: dict[str, tuple[str, dict]] = {
 
 
 def build_models(shape: str, tokenizer_dir: Path, root: Path) -> dict[str, Path]:
-    import shutil
-
     from sentence_transformers import SparseEncoder
     from sentence_transformers.base.modules import Transformer
     from sentence_transformers.base.modules.dense import Dense
