@@ -170,6 +170,8 @@ class JobSpec(BaseModel):
         if self.overlong == "chunk" and self.chunk_aggregate == "mean" and kinds != ("dense",):
             raise SpecError("chunk_aggregate='mean' averages dense embeddings only; with sparse or multivector "
                             "outputs use chunk_aggregate='none' (one row per window)")
+        if "sparse" not in kinds and (self.sparse_top_k is not None or self.sparse_threshold is not None):
+            raise SpecError(f"sparse_top_k and sparse_threshold apply to sparse output; outputs={self.outputs!r}")
         if "multivector" in kinds and self.output_dtype not in MULTIVECTOR_DTYPES:
             raise SpecError(f"multivector output is stored as {MULTIVECTOR_DTYPES}; output_dtype="
                             f"{self.output_dtype!r} does not apply to it")

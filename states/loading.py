@@ -59,7 +59,9 @@ def load_model(
         raise ModelLoadError(f"cannot load {model_dir}: {e}") from e
     missing = _missing(info, task)
     if missing and not allow_missing_weights:
-        head = " (it has no classification head: is it an embedding model?)" if task != "embed" else ""
+        head = (" (it has no classification head: is it an embedding model?)" if task != "embed" else
+                " (sparse output needs its masked-language-model head: is it a SPLADE / fill-mask model?)" if masked_lm
+                else "")
         raise ModelLoadError(
             f"{model_dir}: task {task!r} needs weights the checkpoint does not have{head}; transformers would "
             f"initialise them at random: {missing[:8]}{' ...' if len(missing) > 8 else ''} ({len(missing)} tensors). "

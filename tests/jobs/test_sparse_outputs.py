@@ -69,8 +69,18 @@ def test_output_options_are_checked(models, tmp_path):
     splade, _ = models
     base = ["--input", str(tmp_path), "--output", str(tmp_path / "o"), "--model", str(splade), "--device", "cpu"]
     for extra in (["--outputs", "dense,bogus"], ["--outputs", "sparse", "--overlong", "chunk"],
-                  ["--outputs", "multivector", "--output-dtype", "ubinary"]):
+                  ["--outputs", "multivector", "--output-dtype", "ubinary"], ["--outputs", "dense", "--sparse-top-k", "4"]):
         assert main("jobs.embed", "", ("embed",), base + extra, {"task": "embed"}) == 2
+
+
+def test_sparse_needs_a_fill_mask_head(models, tmp_path, capsys):
+    _, colbert = models  # an encoder without its MLM head
+    src = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"text": ["a b"]}), src)
+    argv = ["--input", str(src), "--output", str(tmp_path / "o"), "--model", str(colbert), "--device", "cpu",
+            "--backend", "local", "--no-progress", "--outputs", "sparse"]
+    assert main("jobs.embed", "", ("embed",), argv, {"task": "embed"}) == 2
+    assert "masked-language-model head" in capsys.readouterr().err
 
 
 def test_dry_run_names_the_columns(models, tmp_path, capsys):
