@@ -54,24 +54,33 @@ class SpladeHead(nn.Module):
         self.strategy, self.activation = splade_settings(config)
         self.top_k, self.threshold = top_k, threshold
 
+    def _activate(self, logits: torch.Tensor) -> torch.Tensor:
+        w = torch.log1p(torch.relu(logits.float()))
+        return torch.log1p(w) if self.activation == "log1p_relu" else w
+
     def weights(self, hidden: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
-        """hidden (T, H), cu_seqlens (B+1,) -> pooled SPLADE weights (B, V) float32, >= 0."""
+        """hidden (T, H), cu_seqlens (B+1,) -> pooled SPLADE weights (B, V) float32, >= 0.
+
+        Both activations are monotone, so the max of the activated logits is the activation
+        of the max logit (exactly): with max pooling each chunk only takes a running max of
+        the raw logits, in the model's dtype, and the activation runs once on (B, V)."""
         lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()  # (B,)
         seg = torch.repeat_interleave(torch.arange(lengths.numel(), device=hidden.device), lengths,
                                       output_size=hidden.shape[0])  # (T,)
         pooled = None
         for start in range(0, hidden.shape[0], CHUNK_TOKENS):
-            w = torch.log1p(torch.relu(self.head(hidden[start:start + CHUNK_TOKENS]).float()))  # (c, V)
-            if self.activation == "log1p_relu":
-                w = torch.log1p(w)
-            if pooled is None:  # 0 is the identity of both reductions over weights >= 0
-                pooled = torch.zeros(lengths.numel(), w.shape[1], device=w.device)  # (B, V)
-            rows = seg[start:start + CHUNK_TOKENS]
+            logits = self.head(hidden[start:start + CHUNK_TOKENS])  # (c, V)
+            rows = seg[start:start + CHUNK_TOKENS, None]  # (c, 1)
             if self.strategy == "max":
-                pooled.scatter_reduce_(0, rows[:, None].expand_as(w), w, reduce="amax")
+                if pooled is None:
+                    pooled = torch.full((lengths.numel(), logits.shape[1]), float("-inf"), dtype=logits.dtype,
+                                        device=logits.device)  # (B, V)
+                pooled.scatter_reduce_(0, rows.expand_as(logits), logits, reduce="amax")
             else:
-                pooled.index_add_(0, rows, w)
-        return pooled
+                w = self._activate(logits)
+                pooled = torch.zeros(lengths.numel(), w.shape[1], device=w.device) if pooled is None else pooled
+                pooled.index_add_(0, rows[:, 0], w)
+        return self._activate(pooled) if self.strategy == "max" else pooled
 
     def forward(self, hidden: torch.Tensor, cu_seqlens: torch.Tensor) -> dict[str, Ragged]:
         """-> `sparse_indices` (int32) and `sparse_values` (float32) per row, by ascending index.
