@@ -16,8 +16,8 @@ from torch import nn
 from states import modules
 from states.compiling import GeluEpilogue, compile_blocks
 from states.interface import ModelState, Pack
-from states.multivector import TokenVectors, skiplist_ids
 from states.loading import DTYPES, check_model_dir, check_weights, fingerprint, load_model, load_tokenizer
+from states.multivector import TokenVectors, skiplist_ids
 from states.options import COMPILE_CHOICES, Execution, ModelOptions, parse_outputs
 from states.packed import position_offset
 from states.pipeline import Pipeline, model_limit, read_pipeline
