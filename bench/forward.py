@@ -49,11 +49,15 @@ def group_packs(enc: Encoded, max_tokens: int, packed: bool, window_rows: int = 
     return packs
 
 
-def device_seconds(runtime: Runtime, packs: list[Pack]) -> float:
+def device_seconds(runtime: Runtime, packs: list[Pack], copy_home: bool = False) -> float:
+    """CUDA time of every pack's compute back to back (with `copy_home`, and of copying each
+    pack's outputs to the host, as a worker does)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for pack in packs:
-        runtime.compute(pack.to("cuda", non_blocking=True))
+        out = runtime.compute(pack.to("cuda", non_blocking=True))
+        for value in out.values() if copy_home else ():
+            value.to("cpu", non_blocking=True)
     end.record()
     end.synchronize()
     return start.elapsed_time(end) / 1e3

@@ -59,6 +59,8 @@ from workers.writer import put_atomic
 
 ROW = "row_index"  # the staged id column: each row's position in `data`
 TASK_COLUMNS = {"embed": ("embedding",), "classify": ("label", "probs", "logits"), "score": ("score", "logits")}
+# Columns the job writes only when its outputs include them (sparse, multivector).
+OPTIONAL_COLUMNS = ("sparse_indices", "sparse_values", "multivector")
 SET_BY_API = ("input", "output", "model", "task", "text_column", "pair_column", "input_format", "backend", "address")
 
 
@@ -246,7 +248,9 @@ def _results(fs: pafs.FileSystem, path: str, task: str, n: int) -> dict[str, pa.
     assert ((position >= 0) ^ quarantined).all(), "every row is either computed or quarantined"
     take = pa.array(position, mask=position < 0)
     columns = {}
-    for name in TASK_COLUMNS[task]:
+    present = [c for c in OPTIONAL_COLUMNS if shards is not None and c in shards.column_names]
+    wanted = [c for c in TASK_COLUMNS[task] if not present or shards is None or c in shards.column_names]
+    for name in wanted + present:
         if shards is not None and name in shards.column_names:
             columns[name] = shards.column(name).take(take)
         else:

@@ -71,7 +71,8 @@ def _output_schema(spec: JobSpec, files: list, runtime) -> list[tuple[str, pa.Da
         columns = [("row_key", pa.string())]
     if spec.overlong == "chunk" and spec.chunk_aggregate == "none":
         columns.append(("chunk", pa.int32()))
-    zeros = {name: np.zeros((1, *shape), np.float32) for name, shape in runtime.output_shapes.items()}
+    zeros = {name: (np.zeros((1, *shape), np.float32), np.ones(1, np.int64)) if name in runtime.ragged
+             else np.zeros((1, *shape), np.float32) for name, shape in runtime.output_shapes.items()}
     encoded = output_columns(zeros, spec.output_dtype, runtime.labels)
     return columns + [(name, array.type) for name, array in encoded.items()]
 

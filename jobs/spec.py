@@ -24,7 +24,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, ValidationError, field_validator
 
 from states.options import (
-    CALIBRATED_DTYPES, COMPILE_CHOICES, DTYPE_NAMES, EXECUTIONS, OUTPUT_DTYPES, POOLING_MODES, TASKS, ModelOptions,
+    CALIBRATED_DTYPES, COMPILE_CHOICES, DTYPE_NAMES, EXECUTIONS, MULTIVECTOR_DTYPES, OUTPUT_DTYPES, POOLING_MODES, TASKS,
+    ModelOptions, parse_outputs,
 )
 from workers.options import TOKENIZE_IN, UnitOptions
 
@@ -34,7 +35,8 @@ CHUNK_AGGREGATE = ("mean", "none")
 ON_ERROR = ("quarantine", "fail")
 BACKENDS = ("auto", "ray", "local")
 # Names the output shards themselves use: an id column of one of these names would be lost.
-OUTPUT_COLUMNS = ("embedding", "label", "probs", "logits", "score", "chunk", "row_key", "error")
+OUTPUT_COLUMNS = ("embedding", "sparse_indices", "sparse_values", "multivector", "label", "probs", "logits", "score",
+                  "chunk", "row_key", "error")
 DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # `org/name`, as sentence-transformers users type models
 
@@ -104,6 +106,11 @@ class JobSpec(BaseModel):
                                      "would be initialised at random; for experiments only")
     calibration: str | None = _f(None, "int8/uint8 output: a .npy of (2, dim) ranges, or of sample embeddings "
                                  "whose per-dimension min/max become the ranges")
+    outputs: str = _f("auto", "what to write per row, comma-separated from one forward: dense (embedding), sparse "
+                      "(SPLADE: sparse_indices, sparse_values), multivector (per-token vectors); auto: what the model "
+                      "was saved as (SentenceTransformer, SparseEncoder, MultiVectorEncoder)")
+    sparse_top_k: PositiveInt | None = _f(None, "sparse output: keep each row's k largest weights")
+    sparse_threshold: float | None = _f(None, "sparse output: keep only weights above this")
 
     def __init__(self, **values: Any) -> None:
         try:
@@ -149,9 +156,28 @@ class JobSpec(BaseModel):
         if self.output_dtype in CALIBRATED_DTYPES and self.calibration is None and self.task == "embed":
             raise SpecError(f"output_dtype {self.output_dtype!r} buckets each dimension's calibrated range into "
                             "256 steps: pass calibration=FILE.npy (the (2, dim) ranges, or sample embeddings)")
+        self._check_outputs()
         if self.id_column in OUTPUT_COLUMNS:
             raise SpecError(f"id_column={self.id_column!r} is a column name the output itself uses "
                             f"({', '.join(OUTPUT_COLUMNS)}); copy the ids to a column of another name")
+
+    def _check_outputs(self) -> None:
+        if self.outputs == "auto":
+            return
+        try:
+            kinds = parse_outputs(self.outputs)
+        except ValueError as e:
+            raise SpecError(str(e)) from None
+        if self.task != "embed" and kinds != ("dense",):
+            raise SpecError(f"outputs={self.outputs!r} is for task 'embed' (got task {self.task!r})")
+        if self.overlong == "chunk" and self.chunk_aggregate == "mean" and kinds != ("dense",):
+            raise SpecError("chunk_aggregate='mean' averages dense embeddings only; with sparse or multivector "
+                            "outputs use chunk_aggregate='none' (one row per window)")
+        if "sparse" not in kinds and (self.sparse_top_k is not None or self.sparse_threshold is not None):
+            raise SpecError(f"sparse_top_k and sparse_threshold apply to sparse output; outputs={self.outputs!r}")
+        if "multivector" in kinds and self.output_dtype not in MULTIVECTOR_DTYPES:
+            raise SpecError(f"multivector output is stored as {MULTIVECTOR_DTYPES}; output_dtype="
+                            f"{self.output_dtype!r} does not apply to it")
 
     @classmethod
     def from_mapping(cls, values: dict[str, Any], source: str | None = None) -> JobSpec:

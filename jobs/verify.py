@@ -38,7 +38,6 @@ from workers.reader import Unit, read_unit
 
 REFERENCE_MIN_COS = 0.999
 QUANTIZED_MIN_AGREEMENT = 0.95  # stored int8/binary values equal to the reference's, within one bucket
-VALUE_COLUMN = {"embed": "embedding", "classify": "probs", "score": "score"}  # the stored value, by task
 # Provenance fields that must agree with _job.json's options.
 _RECORDED = {"task": "task", "output_dtype": "output_dtype", "dim": "dim"}
 # Provenance fields that may differ between workers (hardware, not results).
@@ -198,8 +197,8 @@ def _check_units(spec: JobSpec, job: dict, output: str, options: dict, units: li
         elif aligned is None:
             result.problems.append(f"{unit.name}: rows are not in input order")
         elif unit.name in wanted:
-            column = table.column(VALUE_COLUMN[spec.task])
-            samples[unit.name] = [(aligned[i], np.asarray(column[i].as_py()).reshape(-1))
+            outputs = value_columns(spec.task, provenance)
+            samples[unit.name] = [(aligned[i], {column: _stored(table, column, i) for column in outputs})
                                   for i in wanted[unit.name] if i < len(keys)]
         try:
             tally.add(table.column(key))
@@ -233,7 +232,7 @@ def _reference_check(spec: JobSpec, job: dict, provenance: dict, units: list[Uni
                      result: Verification) -> None:
     """Recompute the sampled rows with `states.reference` from the caller's model; every
     disagreement (another model, other dimensions, values) is a problem on `result`.
-    `samples[unit]` holds (the unit's input row, the stored value) of each sampled row."""
+    `samples[unit]` holds (the unit's input row, its stored value of each output) of each sampled row."""
     from states.errors import ModelLoadError
     from states.files import check_model_dir, fingerprint
     from states.reference import ReferenceModel, compute
@@ -247,23 +246,60 @@ def _reference_check(spec: JobSpec, job: dict, provenance: dict, units: list[Uni
         result.problems.append(f"--model {reference.model} is not the model the job ran (its files' sha256 differs)")
         return
     by_unit = {u.name: u for u in units}
-    texts, pairs, stored = [], [], []
-    column = VALUE_COLUMN[spec.task]
+    texts, pairs = [], []
+    outputs = value_columns(spec.task, provenance)
+    stored: dict[str, list] = {column: [] for column in outputs}
     for name, rows in samples.items():  # each sampled unit's input is read once
         source = read_unit(by_unit[name], [c for c in (spec.text_column, spec.pair_column) if c], spec.storage_options)
-        for row, value in rows:
+        for row, values in rows:
             texts.append(source.column(spec.text_column)[row].as_py())
             pairs.append(source.column(spec.pair_column)[row].as_py() if spec.pair_column else None)
-            stored.append(value)
+            for column in outputs:
+                stored[column].append(values[column])
     ref = ReferenceModel(model_dir, spec.task, provenance, reference.trust_remote_code)
     try:
-        want = compute(ref, texts, pairs if spec.pair_column else None)[column]
+        want = compute(ref, texts, pairs if spec.pair_column else None)
     except Exception as e:  # noqa: BLE001 - a reference that cannot run is reported, not raised
         result.problems.append(f"the reference cannot recompute the rows: {type(e).__name__}: {e}")
         return
-    got = np.stack(stored)
-    _compare(got, want.reshape(len(got), -1), spec.output_dtype if spec.task == "embed" else "float32",
-             provenance, result)
+    for column in outputs:
+        if column == "sparse":  # stored (indices, values) against the reference's dense weights
+            got = np.zeros_like(want[column])
+            for r, (indices, values) in enumerate(stored[column]):
+                got[r, indices] = values
+            _compare(got, want[column], "float32", provenance, result)
+        elif column == "multivector":  # every kept token's vector, rows with the reference's token counts
+            shapes = [g.shape for g in stored[column]], [w.shape for w in want[column]]
+            if shapes[0] != shapes[1]:
+                result.problems.append("stored multivector rows keep other tokens than the reference's")
+                continue
+            _compare(np.concatenate(stored[column]), np.concatenate(want[column]), "float32", provenance, result)
+        else:
+            got = np.stack(stored[column])
+            _compare(got, want[column].reshape(len(got), -1), spec.output_dtype if spec.task == "embed" else "float32",
+                     provenance, result)
+
+
+# The reference's output name of each output kind a job may write.
+_OUTPUT_NAMES = {"dense": "embedding", "sparse": "sparse", "multivector": "multivector"}
+
+
+def value_columns(task: str, provenance: dict) -> list[str]:
+    """The outputs whose stored values `--reference` compares: by task, and for embed jobs
+    the output kinds the shard's provenance names."""
+    if task != "embed":
+        return ["probs"] if task == "classify" else ["score"]
+    return [_OUTPUT_NAMES[kind] for kind in provenance.get("outputs", "dense").split(",")]
+
+
+def _stored(shard: pa.Table, column: str, i: int):
+    """Row i's stored value of an output: a flat vector, (indices, values) for sparse, (tokens, d) for multivector."""
+    if column == "sparse":
+        return (np.asarray(shard.column("sparse_indices")[i].as_py(), np.int64),
+                np.asarray(shard.column("sparse_values")[i].as_py(), np.float32))
+    if column == "multivector":
+        return np.asarray(shard.column(column)[i].as_py(), np.float32)
+    return np.asarray(shard.column(column)[i].as_py()).reshape(-1)
 
 
 def _compare(got: np.ndarray, want: np.ndarray, output_dtype: str, provenance: dict, result: Verification) -> None:
@@ -275,7 +311,8 @@ def _compare(got: np.ndarray, want: np.ndarray, output_dtype: str, provenance: d
             return
         got, want = got.astype(np.float64), want.astype(np.float64)
         norms = np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1)
-        result.min_cos = float(np.min((got * want).sum(1) / np.where(norms == 0, 1.0, norms)))
+        min_cos = float(np.min((got * want).sum(1) / np.where(norms == 0, 1.0, norms)))
+        result.min_cos = min_cos if result.min_cos is None else min(result.min_cos, min_cos)  # over every output
         if result.min_cos < REFERENCE_MIN_COS:
             result.problems.append(f"recomputed rows disagree: min cosine {result.min_cos:.6f} < {REFERENCE_MIN_COS}")
         return

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from states.interface import Pack
+from states.ragged import Ragged
 
 
 class WorkerRuntime(Protocol):
@@ -26,15 +27,18 @@ class WorkerRuntime(Protocol):
     packed: bool
 
     # Output schema: each output's per-row shape (what a unit with no usable row still
-    # writes), class labels (classify), int8/uint8 calibration ranges, L2 normalization.
+    # writes; per item for the ragged ones), the outputs of a variable number of items per
+    # row (sparse, multivector: `states.ragged.Ragged`), class labels (classify), int8/uint8
+    # calibration ranges, L2 normalization.
     output_shapes: dict[str, tuple[int, ...]]
+    ragged: frozenset[str]
     labels: list[str] | None
     ranges: np.ndarray | None
     normalize: bool
 
-    def compute(self, pack: Pack) -> dict[str, torch.Tensor]:
-        """One pack, already on `device` -> the task's outputs, each (B, ...) float32;
-        asynchronous on CUDA."""
+    def compute(self, pack: Pack) -> dict[str, torch.Tensor | Ragged]:
+        """One pack, already on `device` -> the task's outputs, each (B, ...) float32 or a
+        `Ragged` (B rows of a variable number of items); asynchronous on CUDA."""
         ...
 
     def token_budget(self) -> int:

@@ -37,13 +37,15 @@ def _missing(info: dict, task: Task) -> list[str]:
 def load_model(
     model_dir: Path, task: Task, dtype: torch.dtype, device: torch.device, *,
     trust_remote_code: bool = False, allow_pickle: bool = False, allow_missing_weights: bool = False,
+    masked_lm: bool = False,
 ) -> nn.Module:
-    """The transformers model for `task` (AutoModel for embed, a sequence-classification
-    head for classify/score), in eval mode on `device`. Weights missing from the
-    checkpoint are a ModelLoadError naming them, unless `allow_missing_weights`."""
-    from transformers import AutoModel, AutoModelForSequenceClassification
+    """The transformers model for `task` (AutoModel for embed, with its masked-language-model
+    head when `masked_lm`; a sequence-classification head for classify/score), in eval mode
+    on `device`. Weights missing from the checkpoint are a ModelLoadError naming them,
+    unless `allow_missing_weights`."""
+    from transformers import AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification
 
-    auto = AutoModel if task == "embed" else AutoModelForSequenceClassification
+    auto = AutoModelForSequenceClassification if task != "embed" else AutoModelForMaskedLM if masked_lm else AutoModel
     try:
         model, info = auto.from_pretrained(
             model_dir, dtype=dtype, trust_remote_code=trust_remote_code, use_safetensors=not allow_pickle or None,
@@ -57,7 +59,9 @@ def load_model(
         raise ModelLoadError(f"cannot load {model_dir}: {e}") from e
     missing = _missing(info, task)
     if missing and not allow_missing_weights:
-        head = " (it has no classification head: is it an embedding model?)" if task != "embed" else ""
+        head = (" (it has no classification head: is it an embedding model?)" if task != "embed" else
+                " (sparse output needs its masked-language-model head: is it a SPLADE / fill-mask model?)" if masked_lm
+                else "")
         raise ModelLoadError(
             f"{model_dir}: task {task!r} needs weights the checkpoint does not have{head}; transformers would "
             f"initialise them at random: {missing[:8]}{' ...' if len(missing) > 8 else ''} ({len(missing)} tensors). "

@@ -30,13 +30,21 @@ def activation(path: str | None) -> nn.Module:
     return cls()
 
 
+def _check_io(config: dict, kind: str) -> None:
+    """A module maps sentence embeddings to sentence embeddings, or every token's states to
+    token states (a MultiVectorEncoder's projection); the pipeline places it by that name."""
+    source = config.get("module_input_name") or "sentence_embedding"
+    if (config.get("module_output_name") or source) != source or source not in ("sentence_embedding", "token_embeddings"):
+        raise ModelLoadError(f"{kind} reads {config.get('module_input_name')!r} and writes "
+                             f"{config.get('module_output_name')!r}; pooljobs runs it on sentence embeddings or "
+                             "on token embeddings, in place")
+
+
 class Dense(nn.Module):
     def __init__(self, config: dict) -> None:
         super().__init__()
         self.in_features, self.out_features = int(config["in_features"]), int(config["out_features"])
-        for key in ("module_input_name", "module_output_name"):
-            if config.get(key, "sentence_embedding") not in (None, "sentence_embedding"):
-                raise ModelLoadError(f"Dense reads/writes {config[key]!r}; pooljobs runs it on sentence embeddings only")
+        _check_io(config, "Dense")
         self.linear = nn.Linear(self.in_features, self.out_features, bias=bool(config.get("bias", True)))
         # sentence-transformers' default when the config names none is Tanh.
         self.activation_function = activation(config.get("activation_function", "torch.nn.modules.activation.Tanh"))
@@ -63,9 +71,7 @@ class LayerNorm(nn.Module):
 class Normalize(nn.Module):
     def __init__(self, config: dict) -> None:
         super().__init__()
-        if config.get("module_input_name", "sentence_embedding") != "sentence_embedding":
-            raise ModelLoadError(f"Normalize of {config['module_input_name']!r}: pooljobs normalizes sentence "
-                                 "embeddings only")
+        _check_io(config, "Normalize")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.normalize(x, p=2, dim=-1)

@@ -28,6 +28,20 @@ CALIBRATED_DTYPES: tuple[str, ...] = ("int8", "uint8")
 Execution = Literal["auto", "packed", "padded"]
 EXECUTIONS: tuple[str, ...] = get_args(Execution)
 COMPILE_CHOICES = ("auto", "on", "off")
+# What an embedding job writes per row, several from one forward when asked: a pooled
+# vector, a SPLADE sparse vector over the vocabulary, per-token (ColBERT-style) vectors.
+OUTPUT_KINDS: tuple[str, ...] = ("dense", "sparse", "multivector")
+MULTIVECTOR_DTYPES: tuple[str, ...] = ("float32", "float16")
+
+
+def parse_outputs(value: str) -> tuple[str, ...]:
+    """`dense`, `sparse,multivector`, ... -> the kinds in the given order; ValueError naming
+    the valid ones for an unknown or repeated kind."""
+    kinds = tuple(k.strip() for k in value.split(","))
+    unknown = [k for k in kinds if k not in OUTPUT_KINDS]
+    if unknown or not kinds or len(set(kinds)) != len(kinds):
+        raise ValueError(f"outputs={value!r}: give one or more of {OUTPUT_KINDS}, comma-separated, each once")
+    return kinds
 
 
 def canonical_pooling(name: str) -> str:
@@ -61,3 +75,6 @@ class ModelOptions:
     revision: str | None = None  # hub ids: the branch, tag or commit in the local cache
     allow_missing_weights: bool = False  # run with weights transformers initialises at random (experiments only)
     calibration: str | None = None  # int8/uint8: .npy of (2, D) ranges or (N, D) embeddings to take them from
+    outputs: str = "auto"  # task embed: comma list of OUTPUT_KINDS; auto: what the model was saved as
+    sparse_top_k: int | None = None  # sparse: keep each row's k largest weights
+    sparse_threshold: float | None = None  # sparse: keep weights above this

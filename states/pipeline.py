@@ -6,7 +6,9 @@ Pooling module's `pooling_mode_*_tokens` flags or `pooling_mode`, `word_embeddin
 or `embedding_dimension`, the Transformer's `sentence_*_config.json` with `tokenizer_args`
 or `processor_kwargs`). `read_pipeline` turns them into one `Pipeline`:
 
-    Transformer -> [WeightedLayerPooling] -> Pooling -> post-pooling modules
+    Transformer -> [WeightedLayerPooling] -> Pooling -> post-pooling modules   (SentenceTransformer)
+    Transformer (fill-mask) -> SpladePooling                                  (SparseEncoder)
+    Transformer -> token modules (Dense, Normalize) -> [MultiVectorMask]      (MultiVectorEncoder)
 
 with a `Router` replaced by the route the options choose. A module pooljobs cannot run
 (StaticEmbedding, CNN, LSTM, BoW, custom code, ...) is a `ModelLoadError` naming it, never
@@ -41,7 +43,10 @@ _TRANSFORMER_CONFIGS = (
 )
 # Modules after pooling that `states.modules` runs, and Dropout (nothing at inference).
 POST_POOLING = ("Dense", "LayerNorm", "Normalize", "Dropout")
-RUNNABLE = ("Transformer", "Pooling", "WeightedLayerPooling", "Router", *POST_POOLING)
+# Modules on every token's states (their config's module_input_name is token_embeddings).
+TOKEN_MODULES = ("Dense", "Normalize")
+RUNNABLE = ("Transformer", "MLMTransformer", "Pooling", "WeightedLayerPooling", "Router", "SpladePooling",
+            "MultiVectorMask", *POST_POOLING)
 # Keys of a Transformer's tokenizer kwargs that are loading options, not tokenizer settings.
 _LOADING_KEYS = {"trust_remote_code", "revision", "token", "cache_dir", "local_files_only", "subfolder"}
 
@@ -75,6 +80,9 @@ class Pipeline:
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
     activation: str | None = None  # a cross-encoder's saved activation_fn (a torch.nn class path)
+    splade: ModuleSpec | None = None  # SpladePooling over the MLM logits (a SparseEncoder)
+    token_post: tuple[ModuleSpec, ...] = ()  # on every token's states, in order (a MultiVectorEncoder's projection)
+    multivector_mask: ModuleSpec | None = None  # MultiVectorMask: the skiplist of a MultiVectorEncoder
 
     @property
     def modules(self) -> tuple[ModuleSpec, ...]:
@@ -128,6 +136,9 @@ def _expand_router(spec: ModuleSpec, route: str | None) -> tuple[list[ModuleSpec
 
 
 def _module_config(spec: ModuleSpec) -> ModuleSpec:
+    if spec.kind == "MLMTransformer":  # sentence-transformers' older name of a fill-mask Transformer
+        spec = _module_config(ModuleSpec("Transformer", spec.path))
+        return ModuleSpec("Transformer", spec.path, {"transformer_task": "fill-mask", **spec.config})
     if spec.kind == "Transformer":
         for name in _TRANSFORMER_CONFIGS:
             if (spec.path / name).exists():
@@ -182,12 +193,17 @@ def read_pipeline(model_dir: Path, route: str | None = None) -> Pipeline:
         raise ModelLoadError(f"{modules_file}: pooljobs runs one Transformer module first; this pipeline is {kinds}")
     transformer, rest = specs[0], specs[1:]
     layer_pooling = rest.pop(0) if rest[:1] and rest[0].kind == "WeightedLayerPooling" else None
+    splade = rest.pop(0) if rest[:1] and rest[0].kind == "SpladePooling" else None
+    token_post = []
+    while rest and rest[0].kind in TOKEN_MODULES and rest[0].config.get("module_input_name") == "token_embeddings":
+        token_post.append(rest.pop(0))
+    multivector_mask = rest.pop(0) if rest[:1] and rest[0].kind == "MultiVectorMask" else None
     pooling, include_prompt = None, True
     if rest[:1] and rest[0].kind == "Pooling":
         config = rest.pop(0).config
         pooling, include_prompt = pooling_modes(config, transformer.path), bool(config.get("include_prompt", True))
     misplaced = [s.kind for s in rest if s.kind not in POST_POOLING]
-    if misplaced or (rest and pooling is None):
+    if misplaced or (rest and pooling is None) or (splade and (token_post or multivector_mask or pooling)):
         raise ModelLoadError(f"{modules_file}: pooljobs cannot run the module order {kinds}")
     cfg = transformer.config
     tokenizer_kwargs = dict(cfg.get("processor_kwargs") or cfg.get("tokenizer_args") or {})
@@ -198,11 +214,13 @@ def read_pipeline(model_dir: Path, route: str | None = None) -> Pipeline:
     return Pipeline(
         root=model_dir, transformer_dir=transformer.path, sentence_transformers=True,
         transformer_task=cfg.get("transformer_task", "feature-extraction"),
-        max_seq_length=cfg.get("max_seq_length"), do_lower_case=bool(cfg.get("do_lower_case", False)),
+        # A MultiVectorEncoder's document_length is its limit for documents (what pooljobs embeds).
+        max_seq_length=cfg.get("document_length") or cfg.get("max_seq_length"), do_lower_case=bool(cfg.get("do_lower_case", False)),
         tokenizer_kwargs={k: v for k, v in tokenizer_kwargs.items() if k not in _LOADING_KEYS},
         output_hidden_states=bool(hidden_states), layer_pooling=layer_pooling, pooling=pooling,
         include_prompt=include_prompt, post=tuple(rest), route=chosen, prompts=prompts,
-        default_prompt_name=st.get("default_prompt_name"), activation=activation,
+        default_prompt_name=st.get("default_prompt_name"), activation=activation, splade=splade,
+        token_post=tuple(token_post), multivector_mask=multivector_mask,
     )
 
 

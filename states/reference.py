@@ -81,8 +81,49 @@ def _heads(ref: ReferenceModel, texts: list[str], pairs: list[str] | None) -> di
     return {"probs": (torch.sigmoid(logits) if multi else torch.softmax(logits, dim=1)).numpy()}
 
 
-def compute(ref: ReferenceModel, texts: list[str], pairs: list[str] | None = None) -> dict[str, np.ndarray]:
-    """The reference outputs of these rows: `embedding` (N, D), `score` (N, 1) or `probs` (N, C)."""
-    if ref.task == "embed":
-        return {"embedding": _embed(ref, texts)}
-    return _heads(ref, texts, pairs)
+def _sparse(ref: ReferenceModel, texts: list[str]) -> np.ndarray:
+    """`SparseEncoder.encode` as dense (N, vocabulary) weights, cut to the job's top-k and threshold."""
+    import json
+
+    from sentence_transformers import SparseEncoder
+
+    model = SparseEncoder(str(ref.model_dir), device="cpu", local_files_only=True,
+                          trust_remote_code=ref.trust_remote_code)
+    model.max_seq_length = int(ref.provenance["max_length"])
+    values = model.encode(texts, prompt=ref.provenance.get("prompt") or None, convert_to_tensor=True)
+    values = values.to_dense().float().numpy()
+    settings = json.loads(ref.provenance["sparse"])
+    if settings["threshold"] is not None:
+        values = np.where(values > settings["threshold"], values, 0)
+    if settings["top_k"] is not None and settings["top_k"] < values.shape[1]:
+        cut = -np.partition(-values, settings["top_k"] - 1, axis=1)[:, settings["top_k"] - 1 : settings["top_k"]]
+        values = np.where(values >= cut, values, 0)
+    return values
+
+
+def _multivector(ref: ReferenceModel, texts: list[str]) -> list[np.ndarray]:
+    """`MultiVectorEncoder.encode_document`: each row's (kept tokens, d) vectors."""
+    from sentence_transformers.multi_vector_encoder import MultiVectorEncoder
+
+    model = MultiVectorEncoder(str(ref.model_dir), device="cpu", local_files_only=True,
+                               trust_remote_code=ref.trust_remote_code)
+    model.max_seq_length = int(ref.provenance["max_length"])
+    rows = model.encode_document(texts, prompt=ref.provenance.get("prompt") or None)
+    return [np.asarray(r, np.float32) for r in rows]
+
+
+def compute(ref: ReferenceModel, texts: list[str], pairs: list[str] | None = None) -> dict[str, np.ndarray | list]:
+    """The reference outputs of these rows, for each output the job wrote: `embedding` (N, D),
+    `sparse` (N, vocabulary) dense weights, `multivector` a list of (tokens, d); `score` (N, 1)
+    or `probs` (N, C)."""
+    if ref.task != "embed":
+        return _heads(ref, texts, pairs)
+    kinds = ref.provenance.get("outputs", "dense").split(",")
+    out: dict[str, np.ndarray | list] = {}
+    if "dense" in kinds:
+        out["embedding"] = _embed(ref, texts)
+    if "sparse" in kinds:
+        out["sparse"] = _sparse(ref, texts)
+    if "multivector" in kinds:
+        out["multivector"] = _multivector(ref, texts)
+    return out

@@ -17,12 +17,15 @@ from states import modules
 from states.compiling import GeluEpilogue, compile_blocks
 from states.interface import ModelState, Pack
 from states.loading import DTYPES, check_model_dir, check_weights, fingerprint, load_model, load_tokenizer
-from states.options import COMPILE_CHOICES, Execution, ModelOptions
+from states.multivector import TokenVectors, skiplist_ids
+from states.options import COMPILE_CHOICES, Execution, ModelOptions, parse_outputs
 from states.packed import position_offset
 from states.pipeline import Pipeline, model_limit, read_pipeline
 from states.pooling import check_mode, finish, pool
 from states.quantization import calibration_ranges
+from states.ragged import Ragged
 from states.routing import init_model_state
+from states.sparse import SpladeHead, mlm_head
 
 
 def resolve_device(device: str) -> torch.device:
@@ -66,6 +69,22 @@ def _execution(options: ModelOptions) -> Execution:
     return "padded"
 
 
+def resolve_outputs(requested: str, pipeline: Pipeline, task: str) -> tuple[str, ...]:
+    """The output kinds to compute: `auto` is what the model was saved as (a SparseEncoder
+    sparse, a MultiVectorEncoder multivector, else dense); classify/score have none."""
+    if task != "embed":
+        if requested not in ("auto", "dense"):
+            raise ValueError(f"outputs={requested!r} is for task='embed'")
+        return ()
+    if requested != "auto":
+        return parse_outputs(requested)
+    if pipeline.splade is not None:
+        return ("sparse",)
+    if pipeline.multivector_mask is not None or pipeline.token_post:
+        return ("multivector",)
+    return ("dense",)
+
+
 def score_activation(pipeline: Pipeline, config) -> nn.Module:
     """A cross-encoder's score function, as `CrossEncoder.predict` applies it: the saved
     activation_fn (config_sentence_transformers.json, or config.json as sentence-transformers
@@ -96,10 +115,18 @@ class Runtime:
         self.device = resolve_device(options.device)
         self.dtype = resolve_dtype(options.dtype, self.device)
         self.tokenizer = load_tokenizer(source, options.trust_remote_code, self.pipeline)
+        self.outputs = resolve_outputs(options.outputs, self.pipeline, options.task)
         model = load_model(
             source, options.task, self.dtype, self.device, trust_remote_code=options.trust_remote_code,
             allow_pickle=options.allow_pickle, allow_missing_weights=options.allow_missing_weights,
+            masked_lm="sparse" in self.outputs,
         )
+        # The fill-mask model's head runs on the pooled side (`SpladeHead`); the state runs its encoder.
+        self.splade = (SpladeHead(mlm_head(model), self.pipeline.splade.config if self.pipeline.splade else {},
+                                  options.sparse_top_k, options.sparse_threshold)
+                       if "sparse" in self.outputs else None)
+        if self.splade is not None:
+            model = model.base_model
         self.state: ModelState = init_model_state(model, execution, options.state)
         self.max_length = _max_length(self.pipeline, self.tokenizer, self.state, options.max_length)
         if options.pooling != "auto":
@@ -107,15 +134,17 @@ class Runtime:
         else:
             self.pooling = self.pipeline.pooling or (check_mode(self.state.default_pooling),)
         self.layer_pooling, self.post, normalized = self._modules()
+        self.token_vectors = self._token_vectors() if "multivector" in self.outputs else None
         self.normalize = normalized if options.normalize is None else options.normalize
         self.prompt = self._prompt(options.prompt_name)
         self.prompt_skip = 0 if self.pipeline.include_prompt else self._prompt_length()
         self.labels = self._labels()
         self.activation = score_activation(self.pipeline, self.state.config) if options.task == "score" else None
         self.compiled = self._compile(options.compile)
+        self.ragged: frozenset[str] = frozenset()
         self.output_shapes = self.warm_up()
         self.ranges = (calibration_ranges(options.calibration, self.output_shapes["embedding"][0])
-                       if options.calibration and options.task == "embed" else None)
+                       if options.calibration and "embedding" in self.output_shapes else None)
 
     def _modules(self) -> tuple[nn.Module | None, list[nn.Module], bool]:
         """(WeightedLayerPooling or None, the post-pooling modules less a final Normalize,
@@ -129,6 +158,13 @@ class Runtime:
         # does not hand its layers on.
         layers = self.pipeline.layer_pooling if self.pipeline.output_hidden_states else None
         return (None if layers is None else build(layers)), [build(s) for s in post], normalized
+
+    def _token_vectors(self) -> TokenVectors:
+        """The multivector projection (token modules) and the document skiplist, on the device."""
+        built = [modules.build(s, self.options.allow_pickle) for s in self.pipeline.token_post]
+        mask = self.pipeline.multivector_mask
+        keep_only = mask.config.get("keep_only_token_ids") if mask is not None else None
+        return TokenVectors(built, skiplist_ids(mask, self.tokenizer), keep_only).to(self.device)
 
     def _compile(self, choice: str) -> bool:
         if choice not in COMPILE_CHOICES:
@@ -149,10 +185,12 @@ class Runtime:
     def warm_up(self) -> dict[str, tuple[int, ...]]:
         """One small forward at load time: CUDA kernels load and compiled blocks compile
         now, not in the first unit, and a model that cannot run fails before taking work.
-        Returns each output's per-row shape (what a unit with no usable row still writes)."""
+        Returns each output's per-row shape (what a unit with no usable row still writes), per
+        item for the ragged ones (named in `self.ragged`)."""
         ids = self.tokenizer("pooljobs warm-up: a short text.")["input_ids"]
         out = self.compute(Pack.from_sequences([ids, ids[: max(2, len(ids) // 2)]]).to(self.device))
-        return {k: tuple(v.shape[1:]) for k, v in out.items()}
+        self.ragged = frozenset(k for k, v in out.items() if isinstance(v, Ragged))
+        return {k: tuple(v.shape[2:] if k in self.ragged else v.shape[1:]) for k, v in out.items()}
 
     def _prompt(self, name: str | None) -> str:
         name = name or self.pipeline.default_prompt_name
@@ -205,6 +243,14 @@ class Runtime:
             "max_length": str(self.max_length), "prompt": self.prompt, "compiled": str(self.compiled),
             "gelu_epilogue": str(self.gelu_epilogue),
         }
+        if self.options.task == "embed":
+            out["outputs"] = ",".join(self.outputs)
+        if self.splade is not None:
+            out["sparse"] = json.dumps({"pooling_strategy": self.splade.strategy, "activation": self.splade.activation,
+                                        "top_k": self.splade.top_k, "threshold": self.splade.threshold})
+        if self.token_vectors is not None:
+            out["multivector"] = json.dumps({"modules": [m.kind for m in self.pipeline.token_post],
+                                             "skiplist_ids": self.token_vectors.skip.tolist()})
         if self.pipeline.sentence_transformers:
             out["modules"] = "+".join(m.kind for m in self.pipeline.modules)
             out["include_prompt"] = str(self.pipeline.include_prompt)
@@ -215,17 +261,25 @@ class Runtime:
         return out
 
     @torch.inference_mode()
-    def compute(self, pack: Pack) -> dict[str, torch.Tensor]:
-        """One pack (already on `self.device`) -> the task's outputs, each (B, ...) float32."""
+    def compute(self, pack: Pack) -> dict[str, torch.Tensor | Ragged]:
+        """One pack (already on `self.device`) -> the task's outputs, each (B, ...) float32, or a
+        `Ragged` per row (sparse, multivector: `states.ragged`), all from one forward."""
         if self.options.task == "embed":
             if self.layer_pooling is not None:
                 hidden = self.layer_pooling(self.state.hidden_states(pack, all_layers=True))  # (L+1, T, H) -> (T, H)
             else:
                 hidden = self.state.hidden_states(pack)  # (T, H)
-            pooled = pool(hidden, pack.cu_seqlens, self.pooling, self.prompt_skip)  # (B, H * modes)
-            for module in self.post:
-                pooled = module(pooled)  # (B, D)
-            return {"embedding": finish(pooled, self.normalize, self.options.dim)}
+            out: dict[str, torch.Tensor | Ragged] = {}
+            if "dense" in self.outputs:
+                pooled = pool(hidden, pack.cu_seqlens, self.pooling, self.prompt_skip)  # (B, H * modes)
+                for module in self.post:
+                    pooled = module(pooled)  # (B, D)
+                out["embedding"] = finish(pooled, self.normalize, self.options.dim)
+            if self.splade is not None:
+                out.update(self.splade(hidden, pack.cu_seqlens))
+            if self.token_vectors is not None:
+                out["multivector"] = self.token_vectors(hidden, pack.input_ids, pack.cu_seqlens, pack.max_len)
+            return out
         logits = self.state.logits(pack).float()  # (B, C)
         if self.options.task == "score" and logits.shape[1] == 1:
             return {"score": self.activation(logits)[:, 0], "logits": logits}

@@ -6,22 +6,26 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from states import ragged
 from states.pooling import mean_of_windows
 from workers.options import UnitOptions
 from workers.reader import Unit
 from workers.writer import output_columns
 
 
-def in_input_order(rows: list[np.ndarray], chunks: list[np.ndarray], outputs: dict[str, np.ndarray],
-                   options: UnitOptions, normalize: bool) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+Output = np.ndarray | tuple[np.ndarray, np.ndarray]  # (N, ...), or a ragged output's (values, lengths)
+
+
+def in_input_order(rows: list[np.ndarray], chunks: list[np.ndarray], outputs: dict[str, Output],
+                   options: UnitOptions, normalize: bool) -> tuple[np.ndarray, np.ndarray, dict[str, Output]]:
     """Per-pack (unit rows, chunk numbers) and the outputs in pack order -> all in input
-    order; with chunk_aggregate='mean', one row per text: the mean of its windows
+    order (ragged outputs as (values, lengths)); with chunk_aggregate='mean', one row per text: the mean of its windows
     (`states.pooling.mean_of_windows`)."""
     if not rows:
         return np.zeros(0, np.int64), np.zeros(0, np.int32), outputs
     rows, chunks = np.concatenate(rows), np.concatenate(chunks)
     order = np.lexsort((chunks, rows))
-    outputs = {k: v[order] for k, v in outputs.items()}
+    outputs = {k: ragged.take(*v, order) if isinstance(v, tuple) else v[order] for k, v in outputs.items()}
     rows, chunks = rows[order], chunks[order]
     if options.overlong != "chunk" or options.chunk_aggregate == "none":
         return rows, chunks, outputs
@@ -29,7 +33,7 @@ def in_input_order(rows: list[np.ndarray], chunks: list[np.ndarray], outputs: di
     return unique, np.zeros(len(unique), np.int32), {"embedding": mean_of_windows(outputs["embedding"], starts, normalize)}
 
 
-def shard_part(keys: tuple[str, pa.Array], rows: np.ndarray, chunks: np.ndarray, outputs: dict[str, np.ndarray],
+def shard_part(keys: tuple[str, pa.Array], rows: np.ndarray, chunks: np.ndarray, outputs: dict[str, Output],
                options: UnitOptions, labels: list[str] | None, ranges: np.ndarray | None) -> pa.Table:
     """Rows in input order and their outputs -> a row group: key, chunk (when each window
     is its own row), the task's output columns."""

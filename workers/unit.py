@@ -29,7 +29,9 @@ import pyarrow.compute as pc
 import torch
 from torch.profiler import record_function
 
+from states import ragged
 from states.contract import WorkerRuntime
+from states.ragged import Ragged
 from workers.assemble import errors_table, in_input_order, shard_part
 from workers import batching, storage
 from workers.batching import MAX_SEQS_PER_PACK, WindowStream, launch_groups
@@ -141,6 +143,9 @@ class UnitRunner:
         `tokenize_in="auto"` they are used only when no fast tokenizer passed its checks."""
         self.options = options
         self.runtime = runtime
+        if options.overlong == "chunk" and options.chunk_aggregate == "mean" and runtime.ragged:
+            raise ValueError("chunk_aggregate='mean' averages dense embeddings only; this model's sparse or "
+                             "multivector outputs need chunk_aggregate='none'")
         self.choice = choose_tokenizer(runtime.tokenizer, runtime.max_length, runtime.prompt,
                                        chunk=options.overlong == "chunk", stride=options.chunk_stride,
                                        pairs=options.pair_column is not None)
@@ -308,21 +313,29 @@ class UnitRunner:
             half = len(plan.rows) // 2
             return self._forward(encoded, PackPlan(plan.rows[:half])) + self._forward(encoded, PackPlan(plan.rows[half:]))
 
-    def _to_host(self, outputs: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        """Packs' outputs -> one non-blocking copy home per output."""
-        return {k: torch.cat([o[k] for o in outputs]).to("cpu", non_blocking=True) if outputs
-                else torch.zeros((0, *shape)) for k, shape in self.runtime.output_shapes.items()}
+    def _to_host(self, outputs: list[dict[str, torch.Tensor | Ragged]]) -> dict[str, torch.Tensor | list[Ragged]]:
+        """Packs' outputs -> one non-blocking copy home per output; ragged outputs (their widths
+        differ per pack) as one copy per pack, flattened by the writer thread."""
+        home: dict[str, torch.Tensor | list[Ragged]] = {}
+        for k, shape in self.runtime.output_shapes.items():
+            if k in self.runtime.ragged:
+                home[k] = [o[k].to("cpu", non_blocking=True) for o in outputs] or [Ragged.empty(shape)]
+            else:
+                home[k] = torch.cat([o[k] for o in outputs]).to("cpu", non_blocking=True) if outputs \
+                    else torch.zeros((0, *shape))
+        return home
 
     def _write_part(self, shard: ShardWriter, source: Future, rows: list[np.ndarray],
-                    chunks: list[np.ndarray], host: dict[str, torch.Tensor], timer: DeviceTimer) -> tuple[float, float]:
+                    chunks: list[np.ndarray], host: dict[str, torch.Tensor | list[Ragged]],
+                    timer: DeviceTimer) -> tuple[float, float]:
         """One launch group's rows into the shard, in input order (on the writer thread, once
         the device has produced them); (device seconds, host seconds) spent on them."""
         with record_function("pooljobs.wait_device"):
             device_s = timer.seconds()
         t = time.perf_counter()
         with record_function("pooljobs.write"):
-            ordered = in_input_order(rows, chunks, {k: v.numpy() for k, v in host.items()}, self.options,
-                                     self.runtime.normalize)
+            arrays = {k: ragged.flatten(v) if isinstance(v, list) else v.numpy() for k, v in host.items()}
+            ordered = in_input_order(rows, chunks, arrays, self.options, self.runtime.normalize)
             part = shard_part(source.result().keys, *ordered, self.options, self.runtime.labels, self.runtime.ranges)
             shard.write(part.replace_schema_metadata(self._schema_metadata))
         return device_s, time.perf_counter() - t

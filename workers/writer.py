@@ -34,14 +34,31 @@ def vector_array(values: np.ndarray) -> pa.Array:
     return pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), type=kind)
 
 
-def output_columns(outputs: dict[str, np.ndarray], output_dtype: str, labels: list[str] | None,
-                   ranges: np.ndarray | None = None) -> dict[str, pa.Array]:
+def list_array(values: np.ndarray, lengths: np.ndarray) -> pa.Array:
+    """A ragged output's (values (N, ...), lengths (B,)) -> list<item> of B non-null rows;
+    an item of shape (D,) is a fixed_size_list<D>."""
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    items = vector_array(values) if values.ndim == 2 else pa.array(values)
+    kind = pa.list_(pa.field("item", items.type, nullable=False))
+    return pa.ListArray.from_arrays(pa.array(offsets), items, type=kind)
+
+
+def output_columns(outputs: dict[str, np.ndarray | tuple[np.ndarray, np.ndarray]], output_dtype: str,
+                   labels: list[str] | None, ranges: np.ndarray | None = None) -> dict[str, pa.Array]:
     """The task's output columns, from the runtime's (N, ...) float32 arrays; embeddings in
     `output_dtype` as sentence-transformers' `quantize_embeddings` defines it (`ranges`:
-    the job's (2, D) int8/uint8 calibration, `Runtime.ranges`)."""
+    the job's (2, D) int8/uint8 calibration, `Runtime.ranges`). Ragged outputs come as
+    (values, lengths): `sparse_indices` list<int32> and `sparse_values` list<float32> (by
+    ascending index), `multivector` list<fixed_size_list<float32 or float16>[D]>."""
     cols: dict[str, pa.Array] = {}
     if "embedding" in outputs:
         cols["embedding"] = embedding_array(outputs["embedding"], output_dtype, ranges)
+    if "sparse_indices" in outputs:
+        cols["sparse_indices"] = list_array(outputs["sparse_indices"][0].astype(np.int32), outputs["sparse_indices"][1])
+        cols["sparse_values"] = list_array(outputs["sparse_values"][0].astype(np.float32), outputs["sparse_values"][1])
+    if "multivector" in outputs:
+        values, lengths = outputs["multivector"]
+        cols["multivector"] = list_array(quantize(values, output_dtype), lengths)
     if "score" in outputs:
         cols["score"] = pa.array(outputs["score"].astype(np.float32))
     if "probs" in outputs:
@@ -57,7 +74,8 @@ ROW_GROUP_BYTES = 8 << 20  # small enough that the last one is quick to encode, 
 
 
 def _is_vector(kind: pa.DataType) -> bool:
-    return pa.types.is_fixed_size_list(kind)
+    """Output values (vectors, sparse weights, token vectors): stored plain, never null."""
+    return pa.types.is_fixed_size_list(kind) or pa.types.is_list(kind)
 
 
 class _HashingFile:

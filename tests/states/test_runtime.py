@@ -78,7 +78,7 @@ def test_provenance_names_the_resolved_settings(tiny_model):
     assert runtime.provenance() | {"model": ""} == {
         "model": "", "task": "embed", "state": "decoder", "execution": "packed", "pooling": "lasttoken",
         "normalize": "True", "dim": "8", "dtype": "float32", "max_length": "64", "prompt": "",
-        "compiled": "False", "gelu_epilogue": "False",  # compile=auto compiles on CUDA only
+        "compiled": "False", "gelu_epilogue": "False", "outputs": "dense",  # compile=auto compiles on CUDA only
     }
     assert runtime.compute(make_pack(random_ids([4], 3, 128, seed=0)))["embedding"].shape == (1, 8)
 

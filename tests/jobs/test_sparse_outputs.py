@@ -1,0 +1,94 @@
+"""Sparse and multivector outputs through the notebook API (backend=local) and the CLI,
+accepted by `jobs.verify`, against sentence-transformers on the same tiny models."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import jobs
+from jobs.cli import main
+from jobs.verify import Reference, verify
+from tests.sparse_models import save_colbert, save_splade
+
+TEXTS = ["the quick brown fox, jumps!", "", "Engineers debug Ray jobs all day; and all night.", None, "a dog"]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    return save_splade(root / "splade"), save_colbert(root / "colbert")
+
+
+def test_api_sparse_and_multivector(models):
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.multi_vector_encoder import MultiVectorEncoder
+
+    splade, colbert = models
+    table = pa.table({"text": TEXTS})
+    out = jobs.embed(table, model=str(splade), backend="local", device="cpu", outputs="dense,sparse")
+    assert {"embedding", "sparse_indices", "sparse_values", "error"} <= set(out.column_names)
+    assert out.schema.field("sparse_indices").type == pa.list_(pa.field("item", pa.int32(), nullable=False))
+    good = [i for i, t in enumerate(TEXTS) if t is not None]
+    want = SparseEncoder(str(splade), device="cpu").encode([TEXTS[i] for i in good], convert_to_tensor=True)
+    want = want.to_dense().numpy()
+    for row, ref in zip(good, want):
+        indices = np.asarray(out.column("sparse_indices")[row].as_py())
+        np.testing.assert_array_equal(indices, np.nonzero(ref)[0])
+        np.testing.assert_allclose(out.column("sparse_values")[row].as_py(), ref[indices], rtol=1e-5, atol=1e-5)
+    assert out.column("error")[3].as_py() is not None and out.column("sparse_values")[3].as_py() is None
+
+    frame = jobs.embed(table.to_pandas(), model=str(colbert), backend="local", device="cpu", output_dtype="float16")
+    want = MultiVectorEncoder(str(colbert), device="cpu").encode_document([TEXTS[i] for i in good])
+    for row, ref in zip(good, want):
+        got = np.stack(frame["multivector"][row]).astype(np.float32)
+        np.testing.assert_allclose(got, np.asarray(ref), atol=2e-3)
+
+
+def test_cli_writes_what_verify_accepts(models, tmp_path):
+    splade, colbert = models
+    src = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"id": list(range(len(TEXTS))), "text": TEXTS}), src)
+    for name, model, extra in (("s", splade, ["--sparse-top-k", "8"]), ("m", colbert, ["--outputs", "multivector"])):
+        argv = ["--input", str(src), "--output", str(tmp_path / name), "--model", str(model), "--id-column", "id",
+                "--device", "cpu", "--backend", "local", "--no-progress", *extra]
+        assert main("jobs.embed", "", ("embed",), argv, {"task": "embed"}) == 0
+        result = verify(str(tmp_path / name), reference=Reference(4, str(model)))
+        assert result.ok and result.min_cos > 0.99999, result.problems
+    shard = pq.read_table(tmp_path / "s" / "data")
+    assert max(len(r) for r in shard.column("sparse_indices").to_pylist()) <= 8
+    assert shard.column("id").to_pylist() == [0, 1, 2, 4]
+    multi = pq.read_table(tmp_path / "m" / "data")
+    assert multi.schema.field("multivector").type.value_type == pa.list_(
+        pa.field("item", pa.float32(), nullable=False), 16)
+
+
+def test_output_options_are_checked(models, tmp_path):
+    splade, _ = models
+    base = ["--input", str(tmp_path), "--output", str(tmp_path / "o"), "--model", str(splade), "--device", "cpu"]
+    for extra in (["--outputs", "dense,bogus"], ["--outputs", "sparse", "--overlong", "chunk"],
+                  ["--outputs", "multivector", "--output-dtype", "ubinary"], ["--outputs", "dense", "--sparse-top-k", "4"]):
+        assert main("jobs.embed", "", ("embed",), base + extra, {"task": "embed"}) == 2
+
+
+def test_sparse_needs_a_fill_mask_head(models, tmp_path, capsys):
+    _, colbert = models  # an encoder without its MLM head
+    src = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"text": ["a b"]}), src)
+    argv = ["--input", str(src), "--output", str(tmp_path / "o"), "--model", str(colbert), "--device", "cpu",
+            "--backend", "local", "--no-progress", "--outputs", "sparse"]
+    assert main("jobs.embed", "", ("embed",), argv, {"task": "embed"}) == 2
+    assert "masked-language-model head" in capsys.readouterr().err
+
+
+def test_dry_run_names_the_columns(models, tmp_path, capsys):
+    splade, _ = models
+    src = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"text": ["a b", "c"]}), src)
+    argv = ["--input", str(src), "--output", str(tmp_path / "o"), "--model", str(splade), "--device", "cpu",
+            "--backend", "local", "--outputs", "dense,sparse", "--dry-run"]
+    assert main("jobs.embed", "", ("embed",), argv, {"task": "embed"}) == 0
+    printed = capsys.readouterr().out
+    assert "sparse_indices" in printed and "list<item: int32 not null>" in printed and "embedding" in printed
