@@ -22,8 +22,8 @@ process can read and write (s3://, gs://, a shared mount; `storage_options` appl
 staged files are removed when the call returns, Ctrl-C included.
 
 Backends: `backend="auto"` runs the job in this process when that is the faster choice
-(no Ray cluster named or connected, CPU or one GPU, and on a GPU fewer than
-`jobs.driver.AUTO_LOCAL_ROWS` rows), else on Ray; the driver prints the choice and why.
+(no Ray cluster named or connected, and CPU or one GPU), else on Ray; the driver prints
+the choice and why.
 On Ray it uses the connected Ray, else connects to `address=`, else starts a local Ray
 (no dashboard, metrics off, token auth) and keeps it for later calls, as Ray Data does.
 
@@ -131,7 +131,7 @@ def _run(task: str, data, model, text_column: str, pair_column: str | None, outp
     table = _staged_columns(data, kind, [c for c in (text_column, pair_column, spec.id_column) if c])
     from jobs.driver import choose_backend
 
-    backend, _ = choose_backend(spec, table.num_rows)
+    backend, _ = choose_backend(spec)
     if backend == "ray":
         _connect(spec.address, staging)
 

@@ -44,9 +44,6 @@ from workers.unit import VERSION, RowError, UnitResult
 IN_FLIGHT = pools.IN_FLIGHT
 PERMANENT = (InputError, RowError)  # errors about the data itself: retrying cannot help
 REPO_ROOT = Path(__file__).resolve().parent.parent
-# backend="auto" runs in this process below this many planned rows (CPU: always): a job
-# that small finishes before Ray, actor processes and Ray's tokenizing tasks pay off.
-AUTO_LOCAL_ROWS = 100_000
 # compile="auto" compiles only jobs of at least this many planned rows: below it,
 # compiling costs more than the faster forwards save.
 COMPILE_MIN_ROWS = 100_000
@@ -81,10 +78,13 @@ def decide(spec: JobSpec, rows: int | None) -> dict:
     return {"compile": "auto", "why": "auto: on for packed CUDA runs"}
 
 
-def choose_backend(spec: JobSpec, rows: int | None) -> tuple[str, str]:
+def choose_backend(spec: JobSpec) -> tuple[str, str]:
     """(backend, why) for `spec.backend`; "auto" runs in-process when Ray is not installed,
-    or when no Ray cluster is named or connected, one worker serves (CPU, or at most one GPU) and the job is small
-    (under `AUTO_LOCAL_ROWS` rows, or any size on CPU); on Ray otherwise."""
+    or when no Ray cluster is named or connected and one worker serves (CPU, or one GPU,
+    whose in-process worker tokenizes with the fast exact backends on threads beside it);
+    on Ray otherwise (a cluster, several workers or several GPUs). One GPU is in-process at
+    every size because Ray's start, an actor process and its tokenizing tasks are fixed cost
+    that one device does not win back (bench/RESULTS.md, the job-size sweep)."""
     if spec.backend != "auto":
         return spec.backend, "asked"
     if importlib.util.find_spec("ray") is None:
@@ -96,11 +96,7 @@ def choose_backend(spec: JobSpec, rows: int | None) -> tuple[str, str]:
     gpus = _local_gpus(spec.device)
     if gpus > 1 and not spec.device.startswith("cuda:"):
         return "ray", f"auto: {gpus} GPUs here"
-    if gpus == 0:
-        return "local", "auto: CPU, one in-process worker"
-    if rows is not None and rows < AUTO_LOCAL_ROWS:
-        return "local", f"auto: {rows:,} rows < {AUTO_LOCAL_ROWS:,} on one GPU"
-    return "ray", "auto: a large job on a GPU (tokenizing in Ray tasks beside it)"
+    return "local", "auto: one in-process worker on " + ("one GPU" if gpus else "CPU")
 
 
 def _ray_connected() -> bool:
@@ -136,7 +132,7 @@ def run_job(spec: JobSpec, keep_workers: bool = False, started_at: float | None 
     units = check_job(spec, files, planned)
     rows = planned_rows(units)
     decisions = decide(spec, rows)
-    backend, why = choose_backend(spec, rows)
+    backend, why = choose_backend(spec)
     decisions["backend"] = f"{backend} ({why})"
     print(f"pooljobs: backend {backend} ({why}); compile {decisions['compile']} ({decisions['why']})",
           file=sys.stderr, flush=True)
