@@ -405,21 +405,17 @@ def _run_ray(spec: JobSpec, pool, call: Call, units: list[Unit], on_result: Call
     queue = deque(units)
     inflight: dict = {}
     t = time.perf_counter()
-    joined_at: float | None = None  # when the first actor had loaded and warmed: the steady run starts there
     try:
         while queue or inflight:
             while queue and slots:
                 actor = slots.popleft()
                 unit = queue.popleft()
                 inflight[actor.run.remote(call, unit)] = (unit, actor)
-            waiting = [*inflight, *pings, *(joins if joined_at is None else ())]
+            waiting = [*inflight, *pings]
             if not waiting:
                 raise pools.PlacementError("every worker was dropped before it could take a unit")
             ready, _ = ray.wait(waiting, num_returns=1, timeout=pools.PROGRESS_SECONDS if pings else None)
             for ref in ready:
-                if ref in joins:
-                    joined_at = joined_at or time.perf_counter()
-                    continue
                 if ref in pings:
                     actor = pings.pop(ref)
                     placement.placed(actor)
@@ -439,13 +435,15 @@ def _run_ray(spec: JobSpec, pool, call: Call, units: list[Unit], on_result: Call
                 dropped = placement.poll()
                 for ref in [r for r, a in pings.items() if a in dropped]:
                     del pings[ref]
-        run_seconds = time.perf_counter() - (joined_at or t)
+        run_seconds, ended = time.perf_counter() - t, time.time()
         placement.unplaced_at_end()
         for ref in joins:  # done by now: each actor's first unit waited for its join
             try:
                 infos.append(ray.get(ref))
             except RayError:
                 continue  # that actor's units failed the same way and were settled there
+        if infos:  # the steady run starts when the first worker had loaded and warmed up
+            run_seconds = min(run_seconds, max(0.0, ended - min(i["joined_at"] for i in infos)))
         if infos:
             for phase in ("model_load", "compile", "warm_up_seconds"):
                 if phase in infos[0]:

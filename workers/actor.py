@@ -81,12 +81,14 @@ class Worker:
 
     def join(self, call: Call) -> dict:
         """Build the call's runner (if `run` has not yet) and say what it cost, for the
-        report: this worker's info, the call's warm-up seconds, and the model load's
-        phases when no join reported them yet."""
+        report: this worker's info, the call's warm-up seconds, the model load's phases
+        when no join reported them yet, and when it was ready (`joined_at`, `time.time()`:
+        the driver's steady run starts at the first worker's)."""
         self._runner(call)
         with self._lock:
             phases, self._unreported = self._unreported, {}
-            return {**self.info(call.id), **phases, "warm_up_seconds": self._warm_up_seconds.get(call.id, 0.0)}
+            return {**self.info(call.id), **phases, "warm_up_seconds": self._warm_up_seconds.get(call.id, 0.0),
+                    "joined_at": time.time()}
 
     def _runner(self, call: Call) -> UnitRunner:
         """The call's runner, built on first use on the loaded runtime, and warmed unless a
