@@ -186,6 +186,11 @@ def summarize(outcome) -> str:
         lines.append(f"pooljobs: {r['rows_per_s']:,.0f} rows/s, {r['tokens_per_s']:,.0f} tokens/s over {r['wall_seconds']:.1f}s")
     if r.get("startup"):
         lines.append("pooljobs: startup " + ", ".join(f"{phase} {seconds:.1f}s" for phase, seconds in r["startup"].items()))
+    if r.get("rows_deduplicated") or r.get("rows_reused"):
+        lines.append(f"pooljobs: {r['rows_computed']:,} rows computed, {r['rows_deduplicated']:,} copied from a row "
+                     f"with the same text, {r['rows_reused']:,} reused from the previous output")
+    for refused in r.get("reuse_refused", [])[:3]:
+        lines.append(f"pooljobs: unit {refused['unit']} reused nothing: {refused['why']}")
     if r["duplicate_ids_within_units"]:
         lines.append(f"pooljobs: {r['duplicate_ids_within_units']:,} rows repeat an id already seen in their unit "
                      "(all kept; `python -m jobs.verify` counts repeats across the whole output)")

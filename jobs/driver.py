@@ -35,6 +35,7 @@ from jobs.manifest import Manifest
 from jobs.plan import input_fingerprint, list_inputs, save_plan, saved_or_planned
 from jobs.preflight import check_job
 from jobs.progress import Progress
+from jobs.reuse import with_reuse
 from jobs.spec import JobSpec
 from states.loading import check_model_dir, fingerprint
 from workers.actor import Call
@@ -148,6 +149,10 @@ def run_job(spec: JobSpec, keep_workers: bool = False, started_at: float | None 
         clock.mark("claim")
         done = manifest.committed_names()
         todo = [u for u in units if u.name not in done]
+        if spec.reuse:
+            todo, reuse = with_reuse(spec, todo, job["model_sha256"])
+            decisions["reuse"] = reuse.to_json()
+            print(f"pooljobs: {reuse.describe()}", file=sys.stderr, flush=True)
         progress = Progress(len(todo), spec.progress)
         failed: dict[str, str] = {}
         run: dict = {"workers": [], "run_seconds": 0.0}
@@ -463,11 +468,15 @@ def build_report(units: list[Unit], records, failed: dict, wall: float, ran: set
     now = Counter()
     stages = Counter()
     per_worker: dict[str, Counter] = {}
+    refused: dict[str, str] = {}  # why a unit's previous shards were not used -> the first such unit
     for r in records:
         if r["name"] not in planned:
             continue
         totals.update(units_committed=1, rows=r["rows"], tokens=r["tokens"], padded=r["padded_tokens"],
-                      errors=r["errors"], truncated=r["truncated"], duplicates=r.get("duplicate_ids", 0))
+                      errors=r["errors"], truncated=r["truncated"], duplicates=r.get("duplicate_ids", 0),
+                      computed=r.get("computed", 0), deduplicated=r.get("deduplicated", 0), reused=r.get("reused", 0))
+        if r.get("reuse_refused"):
+            refused.setdefault(r["reuse_refused"], r["name"])
         if r["name"] in ran:
             now.update(units=1, rows=r["rows"], tokens=r["tokens"])
         stages.update({k: r["seconds"].get(k, 0.0) for k in ("read", "tokenize", "wait_tokens", "forward", "write", "commit")})
@@ -483,6 +492,8 @@ def build_report(units: list[Unit], records, failed: dict, wall: float, ran: set
         "units_failed": [{"unit": n, "file": unit_file[n], "error": e} for n, e in sorted(failed.items())],
         "rows": totals["rows"], "rows_quarantined": totals["errors"], "tokens": totals["tokens"],
         "rows_truncated": totals["truncated"], "duplicate_ids_within_units": totals["duplicates"],
+        "rows_computed": totals["computed"], "rows_deduplicated": totals["deduplicated"], "rows_reused": totals["reused"],
+        "reuse_refused": [{"unit": unit, "why": why} for why, unit in refused.items()],
         "padding_efficiency": totals["tokens"] / totals["padded"] if totals["padded"] else None,
         "wall_seconds": wall, "rows_per_s": now["rows"] / wall, "tokens_per_s": now["tokens"] / wall,
         "stage_seconds": {k: float(stages[k]) for k in ("read", "tokenize", "wait_tokens", "forward", "write", "commit")},

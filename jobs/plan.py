@@ -321,12 +321,13 @@ def encode_plan(key: str, units: list[Unit]) -> bytes:
     return zlib.compress(json.dumps(body, separators=(",", ":")).encode(), 1)
 
 
-def decode_plan(data: bytes, key: str) -> list[Unit] | None:
+def decode_plan(data: bytes, key: str | None) -> list[Unit] | None:
     """The units `encode_plan` stored, or None when they were planned under another key
-    (or the bytes are not a plan: it is only a cache, planning again is always right)."""
+    (or the bytes are not a plan: it is only a cache, planning again is always right).
+    `key=None` takes them whatever they were planned from (another job's plan)."""
     try:
         body = json.loads(zlib.decompress(data))
-        if body.get("key") != key:
+        if key is not None and body.get("key") != key:
             return None
         types = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(body["types"]))) if body["types"] else None
         return [Unit(name, uri, fmt, offset, rows, tuple(groups), types if fmt in TEXT_FORMATS else None,

@@ -36,7 +36,12 @@ ON_ERROR = ("quarantine", "fail")
 BACKENDS = ("auto", "ray", "local")
 # Names the output shards themselves use: an id column of one of these names would be lost.
 OUTPUT_COLUMNS = ("embedding", "sparse_indices", "sparse_values", "multivector", "label", "probs", "logits", "score",
-                  "chunk", "row_key", "error")
+                  "chunk", "row_key", "error", "content_hash")
+# Options that change what an output row holds: `--reuse` refuses an output written under
+# other values of them (the workers then compare each shard's resolved provenance too).
+OUTPUT_OPTIONS = ("task", "pooling", "normalize", "dim", "output_dtype", "max_length", "overlong", "chunk_stride",
+                  "chunk_aggregate", "prompt_name", "dtype", "state", "route", "outputs", "sparse_top_k",
+                  "sparse_threshold")
 DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # `org/name`, as sentence-transformers users type models
 
@@ -111,6 +116,11 @@ class JobSpec(BaseModel):
                       "was saved as (SentenceTransformer, SparseEncoder, MultiVectorEncoder)")
     sparse_top_k: PositiveInt | None = _f(None, "sparse output: keep each row's k largest weights")
     sparse_threshold: float | None = _f(None, "sparse output: keep only weights above this")
+    dedup: bool = _f(True, "compute each distinct input once: rows whose text (and pair) repeat are copied from "
+                     "the first; --no-dedup computes every row and turns --reuse off")
+    dedup_cache_mb: NonNegativeInt = _f(1024, "MiB of computed outputs each worker keeps for copies into later units")
+    reuse: str | None = _f(None, "a previous output directory or URI: rows whose content hash it holds, written with "
+                           "the same model and output options, are copied from it instead of computed")
 
     def __init__(self, **values: Any) -> None:
         try:
@@ -119,9 +129,11 @@ class JobSpec(BaseModel):
             raise SpecError(describe(e)) from None
         self._check()
 
-    @field_validator("input", "output")
+    @field_validator("input", "output", "reuse")
     @classmethod
-    def _absolute(cls, value: str | list[str]) -> str | list[str]:
+    def _absolute(cls, value: str | list[str] | None) -> str | list[str] | None:
+        if value is None:
+            return None
         if isinstance(value, list):
             return [absolute(v) for v in value]
         return absolute(value)
@@ -157,6 +169,11 @@ class JobSpec(BaseModel):
             raise SpecError(f"output_dtype {self.output_dtype!r} buckets each dimension's calibrated range into "
                             "256 steps: pass calibration=FILE.npy (the (2, dim) ranges, or sample embeddings)")
         self._check_outputs()
+        if self.reuse is not None and self.reuse.rstrip("/") == self.output.rstrip("/"):
+            raise SpecError("reuse must name another output than output: a job's own output is resumed, "
+                            "not reused (write the new run to a new directory)")
+        if self.reuse is not None and not self.dedup:
+            raise SpecError("reuse copies rows by content hash, which --no-dedup turns off; drop one of them")
         if self.id_column in OUTPUT_COLUMNS:
             raise SpecError(f"id_column={self.id_column!r} is a column name the output itself uses "
                             f"({', '.join(OUTPUT_COLUMNS)}); copy the ids to a column of another name")
@@ -207,7 +224,7 @@ class JobSpec(BaseModel):
         """The options that change output values or layout; a resume must match them."""
         skip = {"input", "output", "num_workers", "max_retries", "overwrite", "backend", "address",
                 "storage_options", "progress", "max_tokens", "window_rows", "device", "on_error",
-                "compile", "exact_gelu", "tokenize_in"}
+                "compile", "exact_gelu", "tokenize_in", "dedup", "dedup_cache_mb", "reuse"}
         return {name: getattr(self, name) for name in type(self).model_fields if name not in skip}
 
 

@@ -8,6 +8,7 @@ import pyarrow as pa
 
 from states import ragged
 from states.pooling import mean_of_windows
+from workers.dedup import HASH_COLUMN
 from workers.options import UnitOptions
 from workers.reader import Unit
 from workers.writer import output_columns
@@ -33,15 +34,22 @@ def in_input_order(rows: list[np.ndarray], chunks: list[np.ndarray], outputs: di
     return unique, np.zeros(len(unique), np.int32), {"embedding": mean_of_windows(outputs["embedding"], starts, normalize)}
 
 
-def shard_part(keys: tuple[str, pa.Array], rows: np.ndarray, chunks: np.ndarray, outputs: dict[str, Output],
-               options: UnitOptions, labels: list[str] | None, ranges: np.ndarray | None) -> pa.Table:
-    """Rows in input order and their outputs -> a row group: key, chunk (when each window
-    is its own row), the task's output columns."""
-    key_name, key_values = keys
-    columns = {key_name: key_values.take(pa.array(rows, type=pa.int64()))}
+def part_values(chunks: np.ndarray, outputs: dict[str, Output], options: UnitOptions,
+                labels: list[str] | None, ranges: np.ndarray | None) -> pa.Table:
+    """Output rows in input order -> the columns after the key: chunk (when each window is
+    its own row), the task's output columns."""
+    columns = {}
     if options.overlong == "chunk" and options.chunk_aggregate == "none":
         columns["chunk"] = pa.array(chunks, type=pa.int32())
     return pa.table({**columns, **output_columns(outputs, options.output_dtype, labels, ranges)})
+
+
+def shard_part(keys: tuple[str, pa.Array], hashes: pa.Array, rows: np.ndarray, values: pa.Table) -> pa.Table:
+    """A row group: each output row's key, its `values`, its input's content hash (`rows`:
+    the unit row of each output row)."""
+    (key_name, key_values), take = keys, pa.array(rows, type=pa.int64())
+    return pa.table({key_name: key_values.take(take), **dict(zip(values.column_names, values.columns)),
+                     HASH_COLUMN: hashes.take(take)})
 
 
 def errors_table(unit: Unit, keys: tuple[str, pa.Array], bad: dict[int, str]) -> pa.Table:

@@ -1,8 +1,9 @@
-"""The read side of a unit: its parts read in order, their texts and unusable rows, and
-each window sent to the tokenizer as soon as its rows are read.
+"""The read side of a unit: its parts read in order, their texts, content hashes and
+unusable rows, and each window sent to the tokenizer as soon as its rows are read.
 
-Windows are cut from the usable rows only (`batching.WindowCutter`), the same whatever
-the parts, so a rerun tokenizes and packs the same rows together.
+Windows are cut from the rows to compute only (`batching.WindowCutter`): usable rows
+that are not copies of another (`workers.dedup`). They are the same whatever the parts,
+so a rerun with the same copies tokenizes and packs the same rows together.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pyarrow as pa
 from torch.profiler import record_function
 
 from workers.batching import WindowCutter
+from workers.dedup import UnitCopies, content_hashes
 from workers.options import UnitOptions
 from workers.reader import Unit, read_unit_parts, text_column
 from workers.tokenize_pool import Pending, Tokenizing, part_table
@@ -28,6 +30,7 @@ class UnitInput:
 
     keys: tuple[str, pa.Array]  # (name, values): the output key column
     bad: dict[int, str]  # unit row -> why it cannot be processed (null text, invalid UTF-8)
+    copies: UnitCopies  # content hashes, and which rows are copies of which
     read_seconds: float  # reading parts and extracting their texts
 
 
@@ -53,22 +56,22 @@ def unit_keys(unit: Unit, table: pa.Table, options: UnitOptions) -> tuple[str, p
 
 
 class WindowSender:
-    """A unit's read parts as the tokenizer holds them, and its usable rows; sends each
-    window of usable rows to the tokenizer once all its rows are read."""
+    """A unit's read parts as the tokenizer holds them, and its rows to compute; sends each
+    window of them to the tokenizer once all its rows are read."""
 
     def __init__(self, tokenizer: Tokenizing, window_rows: int) -> None:
         self.tokenizer = tokenizer
         self.cutter = WindowCutter(window_rows)
         self.parts: list = []  # each part's texts as the tokenizer holds them
         self.starts: list[int] = []  # each part's first unit row
-        self.usable: list[int] = []  # unit rows with a usable text, in order
+        self.usable: list[int] = []  # unit rows to compute, in order
         self.rows = 0
 
-    def add(self, texts: list, pairs: list | None, reasons: list[str | None]) -> None:
+    def add(self, texts: list, pairs: list | None, compute: list[bool]) -> None:
         self.starts.append(self.rows)
         self.parts.append(self.tokenizer.put(part_table(texts, pairs)))
-        self.usable.extend(self.rows + i for i, r in enumerate(reasons) if r is None)
-        self.rows += len(reasons)
+        self.usable.extend(self.rows + i for i, c in enumerate(compute) if c)
+        self.rows += len(compute)
 
     def ready(self, last: bool) -> list[Pending]:
         """Send the windows now complete (with `last`, all the rest; a unit with no usable
@@ -87,10 +90,11 @@ class WindowSender:
 
 
 def feed_unit(unit: Unit, options: UnitOptions, tokenizer_for: Callable[[list[str]], Tokenizing],
-              windows: SimpleQueue) -> UnitInput:
+              windows: SimpleQueue, copies: UnitCopies) -> UnitInput:
     """Read `unit` part by part, putting each window's pending tokens on `windows` as soon
     as its rows are read, then None (also on error). `tokenizer_for`: given the first
-    part's usable texts, the tokenizer every window of the unit goes to."""
+    part's usable texts, the tokenizer every window of the unit goes to; `copies` decides
+    which rows are computed."""
     sender: WindowSender | None = None
     tables: list[pa.Table] = []
     reasons: list[str | None] = []
@@ -103,13 +107,14 @@ def feed_unit(unit: Unit, options: UnitOptions, tokenizer_for: Callable[[list[st
                 table = next(parts, None)
                 if table is not None:
                     texts, pairs, part_reasons = unit_texts(table, options, unit.uri)
+                    compute = copies.classify(content_hashes(texts, pairs, part_reasons))
             seconds += time.perf_counter() - t
             if table is None:
                 break
             if sender is None:
                 usable = [text for text, r in zip(texts, part_reasons) if r is None]
                 sender = WindowSender(tokenizer_for(usable), options.window_rows)
-            sender.add(texts, pairs, part_reasons)
+            sender.add(texts, pairs, compute)
             tables.append(table)
             reasons += part_reasons
             for pending in sender.ready(last=False):
@@ -119,6 +124,6 @@ def feed_unit(unit: Unit, options: UnitOptions, tokenizer_for: Callable[[list[st
         for pending in sender.ready(last=True):
             windows.put(pending)
         bad = {i: r for i, r in enumerate(reasons) if r is not None}
-        return UnitInput(unit_keys(unit, pa.concat_tables(tables), options), bad, seconds)
+        return UnitInput(unit_keys(unit, pa.concat_tables(tables), options), bad, copies, seconds)
     finally:
         windows.put(None)

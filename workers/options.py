@@ -28,3 +28,5 @@ class UnitOptions:
     max_retries: int = 3  # a tokenizing task's retries
     tokenize_in: str = "auto"  # threads | tasks (Ray CPU tasks) | auto: tasks only for a GPU worker without a fast tokenizer
     storage_options: dict[str, Any] = field(default_factory=dict)  # pyarrow.fs options for URIs
+    dedup: bool = True  # rows with the same content are computed once (`workers.dedup`); reuse needs it too
+    dedup_cache_mb: int = 1024  # a worker's computed outputs kept for later units' copies

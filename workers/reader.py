@@ -57,6 +57,7 @@ class Unit:
     row_groups: tuple[int, ...] = ()  # parquet row groups; empty for other formats
     schema: pa.Schema | None = None  # JSONL/CSV: the types columns are read as (absent ones: string)
     segments: tuple[Unit, ...] = ()  # further whole files of a unit of small files (each with its rows)
+    reuse: tuple[str, ...] = ()  # shards of a previous output whose rows this unit may copy (`workers.dedup`)
 
     def files(self) -> tuple[Unit, ...]:
         """The unit as single-file pieces, in order (itself when it has no segments)."""

@@ -32,9 +32,10 @@ from torch.profiler import record_function
 from states import ragged
 from states.contract import WorkerRuntime
 from states.ragged import Ragged
-from workers.assemble import errors_table, in_input_order, shard_part
+from workers.assemble import errors_table, in_input_order, part_values, shard_part
 from workers import batching, storage
 from workers.batching import MAX_SEQS_PER_PACK, WindowStream, launch_groups
+from workers.dedup import OutputCache, PreviousOutput, UnitCopies
 from workers.feed import UnitInput, feed_unit
 from workers.options import UnitOptions
 from workers.packing import PackPlan, build_pack, plan_packs
@@ -65,12 +66,17 @@ class UnitResult:
     padded_tokens: int  # tokens the device computed, padding included
     truncated: int  # rows longer than max_length (truncated, or split with overlong="chunk")
     duplicate_ids: int  # rows whose id already appeared earlier in this unit (all are kept)
+    computed: int  # input rows forwarded (the rest are copies, or quarantined)
+    deduplicated: int  # input rows copied from a row of this job with the same content hash
+    reused: int  # input rows copied from the previous output (`--reuse`)
     checksum: str  # sha256 of the shard file
     bytes: int
     schema: str
     worker: str
     seconds: dict[str, float] = field(default_factory=dict)  # per stage; stages overlap, tokenize is CPU time in tasks
     wall_seconds: float = 0.0  # from the unit's start to its commit
+    reuse_refused: str | None = None  # why the previous output's shards were not used
+
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -163,7 +169,12 @@ class UnitRunner:
         # in order, so sending (a Ray task each) never delays a launch.
         self._feeds = ThreadPoolExecutor(max_workers=1, thread_name_prefix="feed")
         self.metadata = {"pooljobs_version": VERSION, **runtime.provenance(), **self.choice.provenance(),
-                         "output_dtype": options.output_dtype, "model_sha256": model_sha256 or runtime.fingerprint()}
+                         "output_dtype": options.output_dtype, "overlong": options.overlong,
+                         "chunk_stride": str(options.chunk_stride), "chunk_aggregate": options.chunk_aggregate,
+                         "pairs": str(options.pair_column is not None),
+                         "model_sha256": model_sha256 or runtime.fingerprint()}
+        # Rows this worker computed, for later units' copies (`workers.dedup`).
+        self.cache = OutputCache(options.dedup_cache_mb << 20) if options.dedup else None
         self._schema_metadata = {"pooljobs": json.dumps(self.metadata)}  # every shard's Parquet metadata
 
     def _tokenizer(self) -> Tokenizing:
@@ -219,7 +230,7 @@ class UnitRunner:
         t0 = time.perf_counter()
         queue: SimpleQueue = SimpleQueue()
         with self._order:
-            feed = self._feeds.submit(feed_unit, unit, self.options, self._tokenizer_for, queue)  # runs ahead of the device
+            feed = self._feeds.submit(self._feed, unit, queue)  # runs ahead of the device
             turn, done = self._last_turn, threading.Event()
             self._last_turn = done
         shard = ShardWriter(storage.join(self._out(), "data", f"{unit.name}.parquet"), self.options.storage_options)
@@ -231,6 +242,7 @@ class UnitRunner:
             finally:
                 done.set()  # the next unit's packs may queue behind this one's
             source = feed.result()  # raises the read's error, if any
+            launched.parts.append(self._writes.submit(self._write_tail, shard, source))
             device_s = write_s = 0.0
             for part in launched.parts:
                 device, write = part.result()
@@ -251,13 +263,29 @@ class UnitRunner:
                  "wait_tokens": launched.wait_seconds, "forward": device_s, "write": write_s, "commit": commit_s}
         key_values = source.keys[1]
         duplicates = len(key_values) - len(pc.unique(key_values)) if self.options.id_column else 0
+        copies = source.copies
+        copied = copies.copies - len(copies.orphans)
         return UnitResult(unit.name, shard.rows, len(bad), launched.tokens, launched.padded, launched.truncated,
-                          duplicates, checksum, nbytes, shard.schema.remove_metadata().to_string(),
-                          self.worker, clock, time.perf_counter() - t0)
+                          duplicates, copies.usable - copies.copies - len(launched.rejected), copied - copies.reused,
+                          copies.reused, checksum, nbytes, shard.schema.remove_metadata().to_string(),
+                          self.worker, clock, time.perf_counter() - t0,
+                          copies.previous.refused if copies.previous is not None else None)
+
+    def _feed(self, unit: Unit, queue: SimpleQueue) -> UnitInput:
+        """Read the unit (`feed_unit`), its copies decided against the unit's previous
+        shards (`Unit.reuse`) and this worker's cache."""
+        previous = None
+        if unit.reuse and self.options.dedup:
+            previous = PreviousOutput.load(unit.reuse, self.metadata, self.options.storage_options)
+            if self.cache is not None:  # rows that moved to another unit are found there too
+                self.cache.add(previous.found, previous.nbytes)
+        copies = UnitCopies(self.options.dedup, self.cache, previous)
+        return feed_unit(unit, self.options, self._tokenizer_for, queue, copies)
 
     def _bad_rows(self, unit: Unit, source: UnitInput, launched: Launched) -> dict[int, str]:
         """Unit row -> why it is quarantined; with on_error='fail', `RowError` for the first."""
         bad = {**source.bad, **launched.rejected}
+        bad.update({copy: bad[owner] for copy, owner in source.copies.orphans.items()})
         if bad and self.options.on_error == "fail":
             row = min(bad)
             uri, file_row = unit.locate(row + 1)[row]
@@ -335,10 +363,22 @@ class UnitRunner:
         t = time.perf_counter()
         with record_function("pooljobs.write"):
             arrays = {k: ragged.flatten(v) if isinstance(v, list) else v.numpy() for k, v in host.items()}
-            ordered = in_input_order(rows, chunks, arrays, self.options, self.runtime.normalize)
-            part = shard_part(source.result().keys, *ordered, self.options, self.runtime.labels, self.runtime.ranges)
-            shard.write(part.replace_schema_metadata(self._schema_metadata))
+            rows, chunks, outputs = in_input_order(rows, chunks, arrays, self.options, self.runtime.normalize)
+            values = part_values(chunks, outputs, self.options, self.runtime.labels, self.runtime.ranges)
+            self._write_rows(shard, source.result(), *source.result().copies.merge(rows, values))
         return device_s, time.perf_counter() - t
+
+    def _write_tail(self, shard: ShardWriter, source: UnitInput) -> tuple[float, float]:
+        """The unit's copies after its last computed row (on the writer thread, last)."""
+        t = time.perf_counter()
+        rows, values = source.copies.tail()
+        if len(rows):
+            self._write_rows(shard, source, rows, values)
+        return 0.0, time.perf_counter() - t
+
+    def _write_rows(self, shard: ShardWriter, source: UnitInput, rows: np.ndarray, values) -> None:
+        part = shard_part(source.keys, source.copies.hash_column(), rows, values)
+        shard.write(part.replace_schema_metadata(self._schema_metadata))
 
     def _out(self) -> str:
         return self.options.output.rstrip("/")

@@ -163,7 +163,7 @@ def test_output_returns_a_dataset_and_reruns_resume(models, reference, tmp_path)
                          staging=str(stage))
     assert isinstance(dataset, ds.Dataset)
     table = dataset.to_table()
-    assert table.column_names == ["row_index", "embedding"]
+    assert table.column_names == ["row_index", "embedding", "content_hash"]
     assert table.column("row_index").to_pylist() == [i for i in range(40) if i != NULL_ROW]
     want = reference[0]
     np.testing.assert_allclose(np.array(table.column("embedding").to_pylist()),
