@@ -268,3 +268,22 @@ def test_reuse_under_a_killed_driver(model, deduped, tmp_path):
     assert_same_rows(out, tmp_path / "fresh")
     before, after = by_id(previous), by_id(out)
     assert all(after[i] == before[i] for i, t in enumerate(texts) if t is not None and i not in changed)
+
+
+def test_notebook_reuse(model, tmp_path):
+    """`jobs.embed(..., reuse=...)`: a table with one row changed copies the others from the
+    previous call's output, byte for byte, and the result is row-aligned as always."""
+    import jobs
+
+    texts = [t for t in corpus_texts()[:120] if t is not None]
+    first = jobs.embed(pa.table({"text": texts}), model=model, output=str(tmp_path / "first"), backend="local",
+                       device="cpu").to_table()
+    texts[5] = "a changed row pooling"
+    again = jobs.embed(pa.table({"text": texts}), model=model, backend="local", device="cpu",
+                       reuse=str(tmp_path / "first"))
+    want = embeddings(first.sort_by("row_index"))
+    got = embeddings(again)
+    assert again.num_rows == len(texts) and again.column("error").null_count == len(texts)
+    same = [i for i in range(len(texts)) if i != 5]
+    assert got[same].tobytes() == want[same].tobytes()
+    assert got[5].tobytes() != want[5].tobytes()
