@@ -134,8 +134,8 @@ class Runtime:
         else:
             self.pooling = self.pipeline.pooling or (check_mode(self.state.default_pooling),)
         self.layer_pooling, self.post, normalized = self._modules()
-        self.token_vectors = self._token_vectors() if "multivector" in self.outputs else None
         self.normalize = normalized if options.normalize is None else options.normalize
+        self.token_vectors = self._token_vectors() if "multivector" in self.outputs else None
         self.prompt = self._prompt(options.prompt_name)
         self.prompt_skip = 0 if self.pipeline.include_prompt else self._prompt_length()
         self.labels = self._labels()
@@ -161,11 +161,11 @@ class Runtime:
 
     def _token_vectors(self) -> TokenVectors:
         """The multivector projection (token modules) and the document skiplist, on the device;
-        BGE-M3's ColBERT head where the directory has one (normalized unless normalize=False:
-        FlagEmbedding's `normalize_embeddings`, default on, covers its dense and ColBERT vectors)."""
+        BGE-M3's ColBERT head where the directory has one, normalized when the dense embedding
+        is (FlagEmbedding's one `normalize_embeddings` covers both)."""
         if self.pipeline.m3_colbert is not None:
             hidden = self.state.config.hidden_size
-            return ColbertVectors(self.pipeline.m3_colbert, hidden, self.options.normalize is not False).to(self.device)
+            return ColbertVectors(self.pipeline.m3_colbert, hidden, self.normalize).to(self.device)
         built = [modules.build(s, self.options.allow_pickle) for s in self.pipeline.token_post]
         mask = self.pipeline.multivector_mask
         keep_only = mask.config.get("keep_only_token_ids") if mask is not None else None

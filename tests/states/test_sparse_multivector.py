@@ -207,6 +207,18 @@ def test_m3_layout_is_detected_from_its_files(m3):
     assert runtime.outputs == ("dense",)  # auto: what its sentence-transformers modules give
 
 
+def test_m3_no_normalize_leaves_dense_and_colbert_unnormalized(m3):
+    """FlagEmbedding's one normalize_embeddings flag covers both; so does normalize=False."""
+    runtime = Runtime(ModelOptions(model=str(m3), device="cpu", outputs="dense,multivector", normalize=False))
+    out = _m3_compute(runtime, M3_TEXTS)
+    dense, _, colbert = m3_reference(m3, M3_TEXTS)
+    for got, ref in [(out["embedding"].numpy(), dense), *zip(_rows(out["multivector"]), colbert)]:
+        norms = np.linalg.norm(got, axis=-1, keepdims=True)
+        assert not np.allclose(norms, 1.0, atol=1e-3)
+        np.testing.assert_allclose(got / norms, ref, atol=1e-5)
+    assert '"normalize": false' in runtime.provenance()["multivector"]
+
+
 @pytest.mark.parametrize("content,message", [
     (b"not a torch file", "is not a state dict that torch.load(weights_only=True) reads"),
     ("code", "is not a state dict that torch.load(weights_only=True) reads"),
