@@ -13,10 +13,10 @@ device, so no step waits for a count.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from torch import nn
-
-from pathlib import Path
 
 from states.modules import Normalize, load_linear
 from states.pipeline import ModuleSpec

@@ -10,14 +10,16 @@ or `processor_kwargs`). `read_pipeline` turns them into one `Pipeline`:
     Transformer (fill-mask) -> SpladePooling                                  (SparseEncoder)
     Transformer -> token modules (Dense, Normalize) -> [MultiVectorMask]      (MultiVectorEncoder)
 
-with a `Router` replaced by the route the options choose. Beside them, FlagEmbedding's
-BGE-M3 heads (`sparse_linear.pt`, `colbert_linear.pt` in the model directory, found by
-name: `M3_HEADS`) offer sparse and multivector outputs with BGE-M3's semantics
-(`states.sparse.LexicalWeights`, `states.multivector.ColbertVectors`). A module pooljobs cannot run
+with a `Router` replaced by the route the options choose. A module pooljobs cannot run
 (StaticEmbedding, CNN, LSTM, BoW, custom code, ...) is a `ModelLoadError` naming it, never
 skipped: a skipped module gives embeddings that look right and are not. A directory
 without `modules.json` is a plain transformers model (`Pipeline.sentence_transformers`
 is False) and runs with the state's defaults.
+
+Beside the modules, FlagEmbedding's BGE-M3 heads (`M3_HEADS`: `sparse_linear.pt`,
+`colbert_linear.pt` in the model directory, found by name) give the sparse and multivector
+outputs BGE-M3's semantics (`states.sparse.LexicalWeights`, `states.multivector.ColbertVectors`);
+a directory whose modules define the same output as well is refused.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ def mlm_head(model: nn.Module) -> nn.Module:
     if hasattr(model, "decoder") and hasattr(model, "head"):
         return nn.Sequential(model.head, model.decoder)
     raise ModelLoadError(f"{type(model).__name__}: pooljobs finds no masked-language-model head in it "
-                         "(sparse output needs one)")
+                         "(sparse output needs one, or BGE-M3's sparse_linear.pt beside the model)")
 
 
 def splade_settings(config: dict) -> tuple[str, str]:

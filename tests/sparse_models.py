@@ -66,7 +66,8 @@ def save_colbert(directory: Path, normalize: bool = False) -> Path:
 # Text the tiny XLM-R tokenizer is trained on: English, punctuation, accents, CJK, emoji.
 _M3_CORPUS = [
     "The quick brown fox jumps over the lazy dog.", "Engineers debug Ray jobs all day; and all night!",
-    "Ça coûte 5 € — naïve café, straße, 東京は晴れ。", "emoji 🙂 and URLs: https://example.com/a?b=c&d=e",
+    "Ça coûte 5 € — naïve café, straße, 東京は晴れ。",
+    "emoji 🙂 and URLs: https://example.com/a?b=c&d=e",
     "Hybrid search mixes dense vectors, lexical weights and late interaction.",
     "pooljobs writes Parquet shards exactly once per input row, with a manifest and a report.",
 ]

@@ -177,7 +177,8 @@ def test_m3_colbert_dim_and_top_k(tmp_path):
     assert '"top_k": 3' in runtime.provenance()["sparse"]
 
 
-@pytest.mark.parametrize("mutant", ["cls kept", "colbert head skipped", "special tokens weighed", "sparse head skipped"])
+@pytest.mark.parametrize("mutant", ["cls kept", "colbert head skipped", "special tokens weighed",
+                                    "sparse head skipped"])
 def test_m3_parity_catches_a_wrong_head(m3, monkeypatch, mutant):
     """The parity check fails when the CLS vector is kept, a head is skipped, or the unused
     tokens keep their weights."""
@@ -199,12 +200,19 @@ def test_m3_parity_catches_a_wrong_head(m3, monkeypatch, mutant):
     assert _m3_mismatches(_m3_compute(runtime, M3_TEXTS), m3_reference(m3, M3_TEXTS))
 
 
-def test_m3_layout_is_detected_from_its_files(m3):
+def test_m3_layout_is_detected_from_its_files(m3, splade, tmp_path):
+    import shutil
+
     pipeline = read_pipeline(m3)
     assert (pipeline.m3_sparse.name, pipeline.m3_colbert.name) == ("sparse_linear.pt", "colbert_linear.pt")
     assert pipeline.pooling == ("cls",) and [m.kind for m in pipeline.post] == ["Normalize"]
+    assert read_pipeline(splade).m3_sparse is None
     runtime = Runtime(ModelOptions(model=str(m3), device="cpu"))
     assert runtime.outputs == ("dense",)  # auto: what its sentence-transformers modules give
+    both = shutil.copytree(splade, tmp_path / "both")  # SpladePooling and an M3 sparse head: which one?
+    shutil.copy(m3 / "sparse_linear.pt", both)
+    with pytest.raises(ModelLoadError, match="sparse_linear.pt"):
+        read_pipeline(both)
 
 
 def test_m3_no_normalize_leaves_dense_and_colbert_unnormalized(m3):
