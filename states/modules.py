@@ -6,10 +6,14 @@ does nothing at inference; WeightedLayerPooling over the layers' hidden states) 
 loads the weights sentence-transformers saved in the module's folder under the same
 parameter names, strictly: a missing or extra tensor is a `ModelLoadError`. Activations
 are instantiated only from `torch.nn` classes named in the config, never imported from
-an arbitrary path.
+an arbitrary path. `load_linear` reads the `nn.Linear` heads FlagEmbedding saves beside a
+BGE-M3 model.
 """
 
 from __future__ import annotations
+
+import pickle
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -139,3 +143,27 @@ def build(spec: ModuleSpec, allow_pickle: bool = False) -> nn.Module:
         raise ModelLoadError(f"{spec.path}: the {spec.kind} module's config lacks {e}") from e
     _load_weights(module, spec, allow_pickle)
     return module.eval()
+
+
+def load_linear(path: Path, in_features: int, out_features: int | None = None) -> nn.Linear:
+    """The `nn.Linear` a `torch.save(linear.state_dict())` file holds (FlagEmbedding's BGE-M3
+    heads), in float32 on the CPU. Read with `torch.load(weights_only=True)`, whose unpickler
+    builds tensors and plain containers only and never runs code from the file, so these
+    files need no --allow-pickle. Anything but a `weight` (out, in_features) with a `bias`
+    (out,), out being `out_features` when given, is a ModelLoadError naming the file."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as e:
+        raise ModelLoadError(f"{path} is not a state dict that torch.load(weights_only=True) reads "
+                             f"({type(e).__name__}); it should be torch.save(nn.Linear(...).state_dict())") from e
+    if not (isinstance(state, dict) and set(state) == {"weight", "bias"} and all(map(torch.is_tensor, state.values()))):
+        held = list(state) if isinstance(state, dict) else type(state).__name__
+        raise ModelLoadError(f"{path} holds {held}; an nn.Linear state dict (weight, bias) was expected")
+    weight, bias = state["weight"], state["bias"]
+    out = out_features or (weight.shape[0] if weight.ndim else 0)
+    if tuple(weight.shape) != (out, in_features) or tuple(bias.shape) != (out,):
+        raise ModelLoadError(f"{path}: weight {tuple(weight.shape)} and bias {tuple(bias.shape)} do not make an "
+                             f"nn.Linear from the model's hidden size {in_features} to {out or 'any size'}")
+    linear = nn.Linear(in_features, weight.shape[0])
+    linear.load_state_dict({"weight": weight.float(), "bias": bias.float()})
+    return linear.eval()

@@ -15,6 +15,11 @@ with a `Router` replaced by the route the options choose. A module pooljobs cann
 skipped: a skipped module gives embeddings that look right and are not. A directory
 without `modules.json` is a plain transformers model (`Pipeline.sentence_transformers`
 is False) and runs with the state's defaults.
+
+Beside the modules, FlagEmbedding's BGE-M3 heads (`M3_HEADS`: `sparse_linear.pt`,
+`colbert_linear.pt` in the model directory, found by name) give the sparse and multivector
+outputs BGE-M3's semantics (`states.sparse.LexicalWeights`, `states.multivector.ColbertVectors`);
+a directory whose modules define the same output as well is refused.
 """
 
 from __future__ import annotations
@@ -47,6 +52,9 @@ POST_POOLING = ("Dense", "LayerNorm", "Normalize", "Dropout")
 TOKEN_MODULES = ("Dense", "Normalize")
 RUNNABLE = ("Transformer", "MLMTransformer", "Pooling", "WeightedLayerPooling", "Router", "SpladePooling",
             "MultiVectorMask", *POST_POOLING)
+# FlagEmbedding's BGE-M3 heads: `torch.save(nn.Linear.state_dict())` files in the model
+# directory, by the output kind each serves.
+M3_HEADS = {"sparse": "sparse_linear.pt", "multivector": "colbert_linear.pt"}
 # Keys of a Transformer's tokenizer kwargs that are loading options, not tokenizer settings.
 _LOADING_KEYS = {"trust_remote_code", "revision", "token", "cache_dir", "local_files_only", "subfolder"}
 
@@ -83,6 +91,8 @@ class Pipeline:
     splade: ModuleSpec | None = None  # SpladePooling over the MLM logits (a SparseEncoder)
     token_post: tuple[ModuleSpec, ...] = ()  # on every token's states, in order (a MultiVectorEncoder's projection)
     multivector_mask: ModuleSpec | None = None  # MultiVectorMask: the skiplist of a MultiVectorEncoder
+    m3_sparse: Path | None = None  # BGE-M3's sparse_linear.pt: lexical weights per token
+    m3_colbert: Path | None = None  # BGE-M3's colbert_linear.pt: ColBERT vectors per token
 
     @property
     def modules(self) -> tuple[ModuleSpec, ...]:
@@ -173,10 +183,11 @@ def read_pipeline(model_dir: Path, route: str | None = None) -> Pipeline:
     st = _st_file(model_dir)
     prompts = dict(st.get("prompts") or {})
     activation = st.get("activation_fn")
+    m3 = {kind: model_dir / name if (model_dir / name).is_file() else None for kind, name in M3_HEADS.items()}
     modules_file = model_dir / "modules.json"
     if not modules_file.exists():
         return Pipeline(model_dir, model_dir, prompts=prompts, default_prompt_name=st.get("default_prompt_name"),
-                        activation=activation)
+                        activation=activation, m3_sparse=m3["sparse"], m3_colbert=m3["multivector"])
     specs, chosen = [], None
     for entry in read_json(modules_file):
         spec = ModuleSpec(_kind(entry.get("type", "?"), modules_file), _inside(model_dir, entry.get("path", "")))
@@ -205,6 +216,9 @@ def read_pipeline(model_dir: Path, route: str | None = None) -> Pipeline:
     misplaced = [s.kind for s in rest if s.kind not in POST_POOLING]
     if misplaced or (rest and pooling is None) or (splade and (token_post or multivector_mask or pooling)):
         raise ModelLoadError(f"{modules_file}: pooljobs cannot run the module order {kinds}")
+    if (splade and m3["sparse"]) or ((token_post or multivector_mask) and m3["multivector"]):
+        raise ModelLoadError(f"{model_dir}: both sentence-transformers modules ({kinds}) and BGE-M3 head files "
+                             f"({', '.join(p.name for p in m3.values() if p)}) define an output; remove one")
     cfg = transformer.config
     tokenizer_kwargs = dict(cfg.get("processor_kwargs") or cfg.get("tokenizer_args") or {})
     config_kwargs = dict(cfg.get("config_kwargs") or cfg.get("config_args") or {})
@@ -220,7 +234,8 @@ def read_pipeline(model_dir: Path, route: str | None = None) -> Pipeline:
         output_hidden_states=bool(hidden_states), layer_pooling=layer_pooling, pooling=pooling,
         include_prompt=include_prompt, post=tuple(rest), route=chosen, prompts=prompts,
         default_prompt_name=st.get("default_prompt_name"), activation=activation, splade=splade,
-        token_post=tuple(token_post), multivector_mask=multivector_mask,
+        token_post=tuple(token_post), multivector_mask=multivector_mask, m3_sparse=m3["sparse"],
+        m3_colbert=m3["multivector"],
     )
 
 

@@ -17,7 +17,7 @@ from states import modules
 from states.compiling import GeluEpilogue, compile_blocks
 from states.interface import ModelState, Pack
 from states.loading import DTYPES, check_model_dir, check_weights, fingerprint, load_model, load_tokenizer
-from states.multivector import TokenVectors, skiplist_ids
+from states.multivector import ColbertVectors, TokenVectors, skiplist_ids
 from states.options import COMPILE_CHOICES, Execution, ModelOptions, parse_outputs
 from states.packed import position_offset
 from states.pipeline import Pipeline, model_limit, read_pipeline
@@ -25,7 +25,7 @@ from states.pooling import check_mode, finish, pool
 from states.quantization import calibration_ranges
 from states.ragged import Ragged
 from states.routing import init_model_state
-from states.sparse import SpladeHead, mlm_head
+from states.sparse import SpladeHead, sparse_head
 
 
 def resolve_device(device: str) -> torch.device:
@@ -71,7 +71,9 @@ def _execution(options: ModelOptions) -> Execution:
 
 def resolve_outputs(requested: str, pipeline: Pipeline, task: str) -> tuple[str, ...]:
     """The output kinds to compute: `auto` is what the model was saved as (a SparseEncoder
-    sparse, a MultiVectorEncoder multivector, else dense); classify/score have none."""
+    sparse, a MultiVectorEncoder multivector, else dense: a BGE-M3 directory too, as its
+    sentence-transformers modules and FlagEmbedding's `M3Embedder` default give it);
+    classify/score have none."""
     if task != "embed":
         if requested not in ("auto", "dense"):
             raise ValueError(f"outputs={requested!r} is for task='embed'")
@@ -119,13 +121,11 @@ class Runtime:
         model = load_model(
             source, options.task, self.dtype, self.device, trust_remote_code=options.trust_remote_code,
             allow_pickle=options.allow_pickle, allow_missing_weights=options.allow_missing_weights,
-            masked_lm="sparse" in self.outputs,
+            masked_lm="sparse" in self.outputs and self.pipeline.m3_sparse is None,
         )
-        # The fill-mask model's head runs on the pooled side (`SpladeHead`); the state runs its encoder.
-        self.splade = (SpladeHead(mlm_head(model), self.pipeline.splade.config if self.pipeline.splade else {},
-                                  options.sparse_top_k, options.sparse_threshold)
-                       if "sparse" in self.outputs else None)
-        if self.splade is not None:
+        self.sparse = (sparse_head(model, self.pipeline, self.tokenizer, options.sparse_top_k,
+                                   options.sparse_threshold).to(self.device) if "sparse" in self.outputs else None)
+        if isinstance(self.sparse, SpladeHead):  # the fill-mask model's head runs on the pooled side
             model = model.base_model
         self.state: ModelState = init_model_state(model, execution, options.state)
         self.max_length = _max_length(self.pipeline, self.tokenizer, self.state, options.max_length)
@@ -134,8 +134,8 @@ class Runtime:
         else:
             self.pooling = self.pipeline.pooling or (check_mode(self.state.default_pooling),)
         self.layer_pooling, self.post, normalized = self._modules()
-        self.token_vectors = self._token_vectors() if "multivector" in self.outputs else None
         self.normalize = normalized if options.normalize is None else options.normalize
+        self.token_vectors = self._token_vectors() if "multivector" in self.outputs else None
         self.prompt = self._prompt(options.prompt_name)
         self.prompt_skip = 0 if self.pipeline.include_prompt else self._prompt_length()
         self.labels = self._labels()
@@ -160,7 +160,12 @@ class Runtime:
         return (None if layers is None else build(layers)), [build(s) for s in post], normalized
 
     def _token_vectors(self) -> TokenVectors:
-        """The multivector projection (token modules) and the document skiplist, on the device."""
+        """The multivector projection (token modules) and the document skiplist, on the device;
+        BGE-M3's ColBERT head where the directory has one, normalized when the dense embedding
+        is (FlagEmbedding's one `normalize_embeddings` covers both)."""
+        if self.pipeline.m3_colbert is not None:
+            hidden = self.state.config.hidden_size
+            return ColbertVectors(self.pipeline.m3_colbert, hidden, self.normalize).to(self.device)
         built = [modules.build(s, self.options.allow_pickle) for s in self.pipeline.token_post]
         mask = self.pipeline.multivector_mask
         keep_only = mask.config.get("keep_only_token_ids") if mask is not None else None
@@ -245,12 +250,10 @@ class Runtime:
         }
         if self.options.task == "embed":
             out["outputs"] = ",".join(self.outputs)
-        if self.splade is not None:
-            out["sparse"] = json.dumps({"pooling_strategy": self.splade.strategy, "activation": self.splade.activation,
-                                        "top_k": self.splade.top_k, "threshold": self.splade.threshold})
+        if self.sparse is not None:
+            out["sparse"] = json.dumps(self.sparse.settings())
         if self.token_vectors is not None:
-            out["multivector"] = json.dumps({"modules": [m.kind for m in self.pipeline.token_post],
-                                             "skiplist_ids": self.token_vectors.skip.tolist()})
+            out["multivector"] = json.dumps(self.token_vectors.settings())
         if self.pipeline.sentence_transformers:
             out["modules"] = "+".join(m.kind for m in self.pipeline.modules)
             out["include_prompt"] = str(self.pipeline.include_prompt)
@@ -275,8 +278,8 @@ class Runtime:
                 for module in self.post:
                     pooled = module(pooled)  # (B, D)
                 out["embedding"] = finish(pooled, self.normalize, self.options.dim)
-            if self.splade is not None:
-                out.update(self.splade(hidden, pack.cu_seqlens))
+            if self.sparse is not None:
+                out.update(self.sparse(hidden, pack))
             if self.token_vectors is not None:
                 out["multivector"] = self.token_vectors(hidden, pack.input_ids, pack.cu_seqlens, pack.max_len)
             return out

@@ -7,6 +7,9 @@ the module's saved config. The MLM head runs on chunks of tokens so a pack never
 (tokens x vocabulary) logits at once; only (rows x vocabulary) pooled weights live on the
 device, and only each row's nonzero (or top-k / above-threshold) weights, sorted by
 vocabulary index, go home as `Ragged` outputs `sparse_indices` and `sparse_values`.
+
+`LexicalWeights` is BGE-M3's sparse output (FlagEmbedding's definition; see the class), and
+`sparse_head` picks between the two from the model directory's files.
 """
 
 from __future__ import annotations
@@ -15,10 +18,14 @@ import torch
 from torch import nn
 
 from states.errors import ModelLoadError
+from states.interface import Pack
+from states.modules import load_linear
+from states.pipeline import Pipeline
 from states.ragged import Ragged
 
 POOLING_STRATEGIES = ("max", "sum")
 ACTIVATIONS = ("relu", "log1p_relu")
+ID_STRIDE = 1 << 31  # (row, token id) sort keys: row * ID_STRIDE + id
 CHUNK_TOKENS = 2048  # tokens whose logits are computed at once: (CHUNK_TOKENS, vocabulary) float32
 
 
@@ -34,7 +41,7 @@ def mlm_head(model: nn.Module) -> nn.Module:
     if hasattr(model, "decoder") and hasattr(model, "head"):
         return nn.Sequential(model.head, model.decoder)
     raise ModelLoadError(f"{type(model).__name__}: pooljobs finds no masked-language-model head in it "
-                         "(sparse output needs one)")
+                         "(sparse output needs one, or BGE-M3's sparse_linear.pt beside the model)")
 
 
 def splade_settings(config: dict) -> tuple[str, str]:
@@ -82,19 +89,102 @@ class SpladeHead(nn.Module):
                 pooled.index_add_(0, rows[:, 0], w)
         return self._activate(pooled) if self.strategy == "max" else pooled
 
-    def forward(self, hidden: torch.Tensor, cu_seqlens: torch.Tensor) -> dict[str, Ragged]:
-        """-> `sparse_indices` (int32) and `sparse_values` (float32) per row, by ascending index.
+    def settings(self) -> dict:
+        """What determines the values (the job's provenance)."""
+        return {"pooling_strategy": self.strategy, "activation": self.activation, "top_k": self.top_k,
+                "threshold": self.threshold}
+
+    def forward(self, hidden: torch.Tensor, pack: Pack) -> dict[str, Ragged]:
+        """hidden (T, H) -> `sparse_indices` (int32) and `sparse_values` (float32) per row, by
+        ascending index.
 
         With `top_k` the kept width is known, so nothing waits for the device; without it
         the widest row's count is read first (one sync per pack)."""
-        pooled = self.weights(hidden, cu_seqlens)  # (B, V)
+        pooled = self.weights(hidden, pack.cu_seqlens)  # (B, V)
         if self.threshold is not None:
             pooled = torch.where(pooled > self.threshold, pooled, 0.0)
-        k = self.top_k or max(1, int((pooled > 0).sum(1).max()))
-        values, indices = pooled.topk(min(k, pooled.shape[1]), dim=1)  # (B, K) largest first
-        kept = values > 0
-        indices = torch.where(kept, indices, pooled.shape[1])  # padding sorts last
-        order = indices.argsort(dim=1)
-        lengths = kept.sum(1)  # (B,)
-        return {"sparse_indices": Ragged(indices.gather(1, order).int(), lengths),
-                "sparse_values": Ragged(values.gather(1, order), lengths)}
+        return largest(pooled, self.top_k or max(1, int((pooled > 0).sum(1).max())))
+
+
+def largest(weights: torch.Tensor, k: int, ids: torch.Tensor | None = None) -> dict[str, Ragged]:
+    """weights (B, N) -> each row's k largest positive weights by ascending id, as Ragged
+    `sparse_indices` (int32) and `sparse_values` (float32); ids (B, N) name each weight's
+    vocabulary id (None: its column)."""
+    values, positions = weights.topk(min(k, weights.shape[1]), dim=1)  # (B, K) largest first
+    indices = positions if ids is None else ids.gather(1, positions)
+    kept = values > 0
+    indices = torch.where(kept, indices, torch.iinfo(torch.int32).max)  # padding sorts last
+    order = indices.argsort(dim=1)
+    lengths = kept.sum(1)  # (B,)
+    return {"sparse_indices": Ragged(indices.gather(1, order).int(), lengths),
+            "sparse_values": Ragged(values.gather(1, order), lengths)}
+
+
+def unused_token_ids(tokenizer) -> list[int]:
+    """The ids BGE-M3's sparse output leaves out: the tokenizer's cls, eos, pad and unk tokens
+    (those it has)."""
+    ids = (tokenizer.cls_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id, tokenizer.unk_token_id)
+    return sorted({i for i in ids if i is not None})
+
+
+class LexicalWeights(nn.Module):
+    """BGE-M3's sparse output ("lexical weights"), as FlagEmbedding computes it in
+    FlagEmbedding/finetune/embedder/encoder_only/m3/modeling.py (`_sparse_embedding`) and
+    FlagEmbedding/inference/embedder/encoder_only/m3.py (`_process_token_weights`): each
+    token's weight relu(sparse_linear(last hidden state)), the largest per vocabulary id over
+    a row's tokens, only positive weights kept, the `unused_token_ids` left out (for XLM-R
+    <s>, </s>, <pad>, <unk>). `threshold` keeps weights above it and `top_k` each row's k
+    largest, as for SPLADE.
+
+    A row holds at most its token count of ids, so the weights are grouped per (row, id) by
+    sorting the pack's tokens, never spread over (rows x vocabulary) (XLM-R's vocabulary is
+    250k ids), and the pack's longest row bounds the width: no step waits for a count."""
+
+    def __init__(self, linear: nn.Linear, unused: list[int], top_k: int | None = None,
+                 threshold: float | None = None) -> None:
+        super().__init__()
+        self.linear = linear
+        self.register_buffer("unused", torch.tensor(unused, dtype=torch.int64), persistent=False)
+        self.top_k, self.threshold = top_k, threshold
+
+    def settings(self) -> dict:
+        return {"semantics": "bge-m3", "head": "sparse_linear.pt", "unused_token_ids": self.unused.tolist(),
+                "top_k": self.top_k, "threshold": self.threshold}
+
+    def forward(self, hidden: torch.Tensor, pack: Pack) -> dict[str, Ragged]:
+        """hidden (T, H) -> `sparse_indices` (int32) and `sparse_values` (float32) per row, by
+        ascending index."""
+        tokens, rows = hidden.shape[0], pack.num_seqs
+        weight = torch.relu(self.linear(hidden.float()))[:, 0]  # (T,)
+        floor = 0.0 if self.threshold is None else max(self.threshold, 0.0)
+        keep = (weight > floor) & ~torch.isin(pack.input_ids, self.unused)  # (T,)
+        seg = torch.repeat_interleave(torch.arange(rows, device=hidden.device),
+                                      (pack.cu_seqlens[1:] - pack.cu_seqlens[:-1]).long(), output_size=tokens)  # (T,)
+        span = rows * ID_STRIDE  # key of a dropped token: after every kept one
+        key, order = torch.where(keep, seg * ID_STRIDE + pack.input_ids, span).sort()  # (T,) by (row, id)
+        weight = torch.where(keep, weight, 0.0)[order]
+        first = torch.ones_like(keep)
+        first[1:] = key[1:] != key[:-1]
+        first &= key < span  # (T,) the first token of each kept (row, id)
+        group = (first.long().cumsum(0) - 1).clamp(min=0)  # (T,) its (row, id) group, in key order
+        best = torch.zeros(tokens, device=hidden.device).scatter_reduce_(0, group, weight, "amax")  # (T,) max per group
+        row = torch.where(first, key // ID_STRIDE, rows)  # (T,) dropped into a spare row
+        count = torch.zeros(rows + 1, dtype=torch.int64, device=hidden.device).index_add_(0, row, first.long())
+        position = torch.where(first, group - (count.cumsum(0) - count)[row], pack.max_len)  # (T,) place in its row
+        values = torch.zeros(rows + 1, pack.max_len + 1, device=hidden.device)  # (B + 1, L + 1)
+        ids = torch.zeros(rows + 1, pack.max_len + 1, dtype=torch.int64, device=hidden.device)
+        values[row, position] = best[group]
+        ids[row, position] = key % ID_STRIDE
+        return largest(values[:rows, :pack.max_len], self.top_k or pack.max_len, ids[:rows, :pack.max_len])
+
+
+def sparse_head(model: nn.Module, pipeline: Pipeline, tokenizer, top_k: int | None,
+                threshold: float | None) -> SpladeHead | LexicalWeights:
+    """The sparse output's head: BGE-M3's lexical weights where the directory has
+    sparse_linear.pt (`model` is then the bare encoder), else SPLADE over the fill-mask
+    `model`'s MLM head with the SpladePooling settings (sentence-transformers' defaults when
+    the directory has none)."""
+    if pipeline.m3_sparse is not None:
+        linear = load_linear(pipeline.m3_sparse, model.config.hidden_size, 1)
+        return LexicalWeights(linear, unused_token_ids(tokenizer), top_k, threshold)
+    return SpladeHead(mlm_head(model), pipeline.splade.config if pipeline.splade else {}, top_k, threshold)

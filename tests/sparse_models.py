@@ -1,5 +1,8 @@
 """Tiny SparseEncoder (SPLADE) and MultiVectorEncoder (ColBERT-style) directories, built with
-the installed sentence-transformers' own module classes and `save()`d as a user would."""
+the installed sentence-transformers' own module classes and `save()`d as a user would, and a
+tiny BGE-M3 laid out as BAAI/bge-m3 is (a SentenceTransformer of an XLM-RoBERTa with CLS
+pooling and Normalize, plus FlagEmbedding's colbert_linear.pt and sparse_linear.pt) with
+`m3_reference`, FlagEmbedding's formulas on a padded transformers forward."""
 
 from __future__ import annotations
 
@@ -58,3 +61,102 @@ def save_colbert(directory: Path, normalize: bool = False) -> Path:
     MultiVectorEncoder(modules=modules, device="cpu").save(str(directory))
     return directory
 
+
+
+# Text the tiny XLM-R tokenizer is trained on: English, punctuation, accents, CJK, emoji.
+_M3_CORPUS = [
+    "The quick brown fox jumps over the lazy dog.", "Engineers debug Ray jobs all day; and all night!",
+    "Ça coûte 5 € — naïve café, straße, 東京は晴れ。",
+    "emoji 🙂 and URLs: https://example.com/a?b=c&d=e",
+    "Hybrid search mixes dense vectors, lexical weights and late interaction.",
+    "pooljobs writes Parquet shards exactly once per input row, with a manifest and a report.",
+]
+
+
+def xlmr_tokenizer(vocab_size: int = 400):
+    """An XLM-R tokenizer (SentencePiece Unigram, <s> <pad> </s> <unk> as ids 0-3, <mask> last)
+    with a vocabulary trained on `_M3_CORPUS`: characters it never saw are <unk>."""
+    import json
+
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+    from transformers import XLMRobertaTokenizerFast
+
+    tok = Tokenizer(models.Unigram())
+    tok.normalizer = normalizers.NFKC()
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    words = " ".join(_M3_CORPUS).split()
+    texts = _M3_CORPUS + [" ".join(words[i:i + 7]) for i in range(len(words))]
+    tok.train_from_iterator(texts, trainers.UnigramTrainer(
+        vocab_size=vocab_size, special_tokens=["<s>", "<pad>", "</s>", "<unk>"], unk_token="<unk>"))
+    vocab = [tuple(piece) for piece in json.loads(tok.to_str())["model"]["vocab"]]
+    return XLMRobertaTokenizerFast(vocab=[*vocab, ("<mask>", 0.0)], model_max_length=64)
+
+
+def save_m3(directory: Path, colbert_dim: int | None = None, seed: int = 0) -> Path:
+    """A random 2-layer XLM-RoBERTa (hidden 32) saved by sentence-transformers with CLS pooling
+    and Normalize, and FlagEmbedding's heads written as its `save` writes them:
+    `torch.save(linear.state_dict())` of colbert_linear (hidden -> `colbert_dim`, default
+    hidden as in bge-m3) and sparse_linear (hidden -> 1)."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules import Normalize
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+    from transformers import XLMRobertaConfig, XLMRobertaModel
+
+    base = directory.with_name(directory.name + "-xlmr")
+    tokenizer = xlmr_tokenizer()
+    config = XLMRobertaConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                              intermediate_size=64, max_position_embeddings=66, type_vocab_size=1, pad_token_id=1,
+                              bos_token_id=0, eos_token_id=2, initializer_range=0.5)
+    torch.manual_seed(seed)
+    XLMRobertaModel(config, add_pooling_layer=False).eval().save_pretrained(base)
+    tokenizer.save_pretrained(base)
+    transformer = Transformer(str(base), max_seq_length=64)
+    SentenceTransformer(modules=[transformer, Pooling(32, "cls"), Normalize()], device="cpu").save(str(directory))
+    torch.manual_seed(seed + 1)
+    colbert_linear = torch.nn.Linear(32, colbert_dim or 32)
+    sparse_linear = torch.nn.Linear(32, 1)
+    torch.nn.init.normal_(sparse_linear.bias, 0.0, 0.5)  # some tokens weigh 0 (relu), as in a trained head
+    torch.save(colbert_linear.state_dict(), directory / "colbert_linear.pt")
+    torch.save(sparse_linear.state_dict(), directory / "sparse_linear.pt")
+    return directory
+
+
+def m3_reference(path: Path, texts: list[str], max_length: int = 64) -> tuple:
+    """BGE-M3's outputs as FlagEmbedding computes them, written from its code
+    (FlagEmbedding/finetune/embedder/encoder_only/m3/modeling.py: `_dense_embedding` cls,
+    `_sparse_embedding` token weights, `_colbert_embedding`, `F.normalize` of dense and colbert
+    under normalize_embeddings=True; FlagEmbedding/inference/embedder/encoder_only/m3.py:
+    `_process_token_weights`, `_process_colbert_vecs`), on one right-padded batch through
+    the plain transformers model in float32, independent of pooljobs.
+
+    -> (dense (N, H), lexical weights [{token id: weight}], colbert [(tokens - 1, d)])."""
+    import torch
+    import torch.nn.functional as F
+    from transformers import AutoModel, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModel.from_pretrained(path, dtype=torch.float32).eval()
+    heads = {}
+    for name in ("colbert_linear", "sparse_linear"):
+        state = torch.load(path / f"{name}.pt", map_location="cpu")
+        heads[name] = torch.nn.Linear(state["weight"].shape[1], state["weight"].shape[0])
+        heads[name].load_state_dict(state)
+    batch = tokenizer.pad(tokenizer(texts, truncation=True, max_length=max_length), padding=True, return_tensors="pt")
+    with torch.no_grad():
+        hidden = model(**batch, return_dict=True).last_hidden_state  # (N, L, H)
+        dense = F.normalize(hidden[:, 0], dim=-1)
+        token_weights = torch.relu(heads["sparse_linear"](hidden)).squeeze(-1)  # (N, L)
+        colbert = heads["colbert_linear"](hidden[:, 1:]) * batch["attention_mask"][:, 1:][:, :, None].float()
+        colbert = F.normalize(colbert, dim=-1)
+    unused = {tokenizer.convert_tokens_to_ids(tokenizer.special_tokens_map[t])
+              for t in ("cls_token", "eos_token", "pad_token", "unk_token") if t in tokenizer.special_tokens_map}
+    lexical = []
+    for weights, ids in zip(token_weights.numpy(), batch["input_ids"].tolist()):
+        row: dict[int, float] = {}
+        for w, i in zip(weights, ids):
+            if i not in unused and w > 0 and w > row.get(i, 0):
+                row[i] = float(w)
+        lexical.append(row)
+    vectors = [v[: int(m.sum()) - 1].numpy() for v, m in zip(colbert, batch["attention_mask"])]
+    return dense.numpy(), lexical, vectors

@@ -1,7 +1,10 @@
 """Sparse and multivector outputs through the notebook API (backend=local) and the CLI,
-accepted by `jobs.verify`, against sentence-transformers on the same tiny models."""
+accepted by `jobs.verify`, against sentence-transformers on the same tiny models, and a
+BGE-M3's three outputs against FlagEmbedding's formulas."""
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pyarrow as pa
@@ -11,7 +14,7 @@ import pytest
 import jobs
 from jobs.cli import main
 from jobs.verify import Reference, verify
-from tests.sparse_models import save_colbert, save_splade
+from tests.sparse_models import m3_reference, save_colbert, save_m3, save_splade
 
 TEXTS = ["the quick brown fox, jumps!", "", "Engineers debug Ray jobs all day; and all night.", None, "a dog"]
 
@@ -92,3 +95,35 @@ def test_dry_run_names_the_columns(models, tmp_path, capsys):
     assert main("jobs.embed", "", ("embed",), argv, {"task": "embed"}) == 0
     printed = capsys.readouterr().out
     assert "sparse_indices" in printed and "list<item: int32 not null>" in printed and "embedding" in printed
+
+
+def test_m3_three_outputs_through_the_api_and_cli(tmp_path_factory, tmp_path):
+    m3 = save_m3(tmp_path_factory.mktemp("m3") / "bge-m3")
+    table = pa.table({"id": list(range(len(TEXTS))), "text": TEXTS})
+    out = jobs.embed(table, model=str(m3), backend="local", device="cpu", outputs="dense,sparse,multivector")
+    good = [i for i, t in enumerate(TEXTS) if t is not None]
+    dense, lexical, colbert = m3_reference(m3, [TEXTS[i] for i in good])
+    np.testing.assert_allclose(np.stack([out.column("embedding")[i].as_py() for i in good]), dense, atol=1e-5)
+    for row, ref, vectors in zip(good, lexical, colbert):
+        assert out.column("sparse_indices")[row].as_py() == sorted(ref)
+        np.testing.assert_allclose(out.column("sparse_values")[row].as_py(), [ref[i] for i in sorted(ref)], atol=1e-5)
+        np.testing.assert_allclose(np.asarray(out.column("multivector")[row].as_py()), vectors, atol=1e-5)
+
+    src = tmp_path / "in.parquet"
+    pq.write_table(table, src)
+    argv = ["--input", str(src), "--output", str(tmp_path / "o"), "--model", str(m3), "--id-column", "id",
+            "--device", "cpu", "--backend", "local", "--no-progress", "--outputs", "dense,sparse,multivector",
+            "--output-dtype", "float16", "--sparse-top-k", "4"]
+    assert main("jobs.embed", "", ("embed",), argv, {"task": "embed"}) == 0
+    assert verify(str(tmp_path / "o")).ok
+    shard = pq.read_table(tmp_path / "o" / "data")
+    half = pa.list_(pa.field("item", pa.float16(), nullable=False), 32)
+    assert shard.schema.field("multivector").type.value_type == half
+    assert shard.schema.field("sparse_values").type == pa.list_(pa.field("item", pa.float32(), nullable=False))
+    provenance = json.loads(shard.schema.metadata[b"pooljobs"])
+    for kind in ("sparse", "multivector"):
+        assert json.loads(provenance[kind])["semantics"] == "bge-m3"
+    for row, ref, vectors in zip(shard.to_pylist(), lexical, colbert):
+        best = sorted(sorted(ref, key=lambda i: -ref[i])[:4])
+        assert row["sparse_indices"] == best
+        np.testing.assert_allclose(np.asarray(row["multivector"], np.float32), vectors, atol=2e-3)

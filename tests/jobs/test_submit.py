@@ -2,9 +2,10 @@
 
 The head runs on ports picked free on this host and in its own temp dir, so it never
 meets another Ray on the machine; the test stops exactly the processes it started
-(`ray stop` would stop every Ray on the host). Three jobs run at once, one CPU each: one
-must end SUCCEEDED with complete output; one with a missing text column and one with a
-relative `--output` FAILED with the driver's exit code 2, refused before they start.
+(`ray stop` would stop every Ray on the host). Four jobs run at once, one CPU each: one
+must end SUCCEEDED with complete output, and one of a tiny BGE-M3 with its dense, sparse and
+multivector columns; one with a missing text column and one with a relative `--output`
+FAILED with the driver's exit code 2, refused before they start.
 
 Auth: token auth stays on, as it is by default in this Ray and on a real cluster. Ray
 maps a loopback --node-ip-address to the host's routable address, so the GCS and raylet
@@ -40,6 +41,7 @@ import pytest
 from jobs.driver import REPO_ROOT, run_job
 from jobs.spec import JobSpec
 from tests.jobs.fixtures_models import free_ports, read_shard_table, save_tiny_bert, write_corpus
+from tests.sparse_models import m3_reference, save_m3
 
 RAY = [sys.executable, "-m", "ray.scripts.scripts"]
 # Root-level hidden dirs (.git, caches, tool state) and outputs are not code: keep them
@@ -171,16 +173,22 @@ def model(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def m3_model(tmp_path_factory) -> Path:
+    return save_m3(tmp_path_factory.mktemp("submit-m3") / "bge-m3")
+
+
+@pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
     return write_corpus(tmp_path_factory.mktemp("submit-corpus"))
 
 
 @pytest.fixture(scope="module")
-def submissions(ray_head, model, corpus, tmp_path_factory) -> dict[str, Submission]:
-    """Submit both jobs at once and wait for `ray job submit` to return for each."""
+def submissions(ray_head, model, m3_model, corpus, tmp_path_factory) -> dict[str, Submission]:
+    """Submit the jobs at once and wait for `ray job submit` to return for each."""
     root = tmp_path_factory.mktemp("submit-out")
     jobs = {"good": [], "bad": ["--text-column", "body"],  # the corpus has no column 'body'
-            "relative": ["--output", "out/relative"]}  # would land in Ray's temp copy of the working dir
+            "relative": ["--output", "out/relative"],  # would land in Ray's temp copy of the working dir
+            "m3": ["--model", str(m3_model), "--outputs", "dense,sparse,multivector"]}
     runtime_env = json.dumps({"excludes": UPLOAD_EXCLUDES})
     running = {}
     for name, extra in jobs.items():
@@ -245,6 +253,22 @@ def test_submitted_job_succeeds_with_complete_output(submissions, ray_head, mode
     got, want = read_shard_table(local, str(out)), read_shard_table(local, str(reference))
     assert got["id"].equals(want["id"])
     np.testing.assert_allclose(embeddings(got), embeddings(want), rtol=0, atol=1e-5)
+
+
+def test_submitted_m3_job_writes_dense_sparse_and_multivector(submissions, m3_model, corpus):
+    job = submissions["m3"]
+    assert (job.info["status"], job.info["driver_exit_code"]) == ("SUCCEEDED", 0), job.output[-4000:]
+    table = read_shard_table(pafs.LocalFileSystem(), str(job.out_dir))
+    source = pq.read_table(corpus).to_pydict()
+    text_of = dict(zip(source["id"], source["text"]))
+    dense, lexical, colbert = m3_reference(m3_model, [text_of[i] for i in table["id"].to_pylist()])
+    np.testing.assert_allclose(embeddings(table), dense, atol=1e-5)
+    for indices, values, vectors, ref, ref_vectors in zip(
+            table["sparse_indices"].to_pylist(), table["sparse_values"].to_pylist(), table["multivector"].to_pylist(),
+            lexical, colbert):
+        assert indices == sorted(ref)
+        np.testing.assert_allclose(values, [ref[i] for i in indices], atol=1e-5)
+        np.testing.assert_allclose(np.asarray(vectors), ref_vectors, atol=1e-5)
 
 
 def test_submitted_job_with_a_missing_column_is_refused_before_it_starts(submissions):
