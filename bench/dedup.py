@@ -1,7 +1,7 @@
 """Dedup and reuse, as a user meets them: whole `python -m jobs.embed` processes timed from
 outside, over a corpus with exact duplicates, then over the same corpus a little changed.
 
-    python -m bench.dedup --model DIR [--rows 1000000] [--duplicates 0.3] [--device cuda]
+    python -m bench.dedup --model DIR [--tokenizer DIR] [--rows 1000000] [--duplicates 0.3] [--device cuda]
 
 The corpus is bench's log-normal-length texts over the model's WordPiece vocabulary: a
 `1 - duplicates` share of distinct texts, the rest copies of them at random places,
@@ -34,10 +34,10 @@ REPO = Path(__file__).resolve().parent.parent
 FILES = 10
 
 
-def corpus(model: Path, rows: int, duplicates: float, seed: int = 0) -> list[str]:
+def corpus(vocab: Path, rows: int, duplicates: float, seed: int = 0) -> list[str]:
     from bench.__main__ import make_corpus
 
-    distinct = make_corpus(model, max(1, round(rows * (1 - duplicates))), seed)
+    distinct = make_corpus(vocab, max(1, round(rows * (1 - duplicates))), seed)
     rng = np.random.default_rng(seed + 1)
     texts = distinct + [distinct[i] for i in rng.integers(0, len(distinct), rows - len(distinct))]
     return [texts[i] for i in rng.permutation(rows)]
@@ -84,14 +84,17 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, required=True, help="a model directory with a WordPiece vocab.txt")
+    parser.add_argument("--tokenizer", type=Path, help="a directory with the WordPiece vocab.txt the corpus is drawn "
+                        "from (default: --model)")
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--duplicates", type=float, default=0.3, help="share of rows that copy another row's text")
     parser.add_argument("--changed", type=float, default=0.01, help="share changed in place, and again appended")
     parser.add_argument("--device", default="cuda")
     args = parser.parse_args()
+    vocab = args.tokenizer or args.model
     root = Path(tempfile.mkdtemp(prefix="pooljobs-dedup-"))
     t = time.perf_counter()
-    texts = corpus(args.model, args.rows, args.duplicates)
+    texts = corpus(vocab, args.rows, args.duplicates)
     write(texts, root / "data")
     print(f"dedup: {args.rows:,} rows, {len(set(texts)):,} distinct ({args.duplicates:.0%} duplicates), "
           f"device {args.device}, corpus built in {time.perf_counter() - t:.0f}s, folder {root}", flush=True)
@@ -110,7 +113,7 @@ def main() -> None:
 
     rng = np.random.default_rng(7)
     n = max(1, round(args.rows * args.changed))
-    fresh = corpus(args.model, 2 * n, 0.0, seed=11)
+    fresh = corpus(vocab, 2 * n, 0.0, seed=11)
     changed = rng.choice(args.rows, n, replace=False)
     for k, i in enumerate(changed):
         texts[i] = fresh[k]
