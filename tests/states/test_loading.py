@@ -276,3 +276,60 @@ def test_fingerprint_cache_keeps_the_newest(tiny_model, tmp_path, monkeypatch):
     kept = sorted((tmp_path / "cache" / "fingerprints").glob("*.json"))
     assert len(kept) == 2 and files._cache_file(paths[0]) not in kept
 
+
+# -- no random initialisation of what the checkpoint holds -------------------------------
+_RANDOM_FILLS = {"normal_", "uniform_", "bernoulli_", "exponential_", "geometric_", "log_normal_", "cauchy_",
+                 "random_", "randn", "rand", "randint", "randperm"}
+
+
+class _RandomFills:
+    """Counts the elements written by random-number ops on real (non-meta) tensors."""
+
+    def __enter__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        fills = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                name = func.overloadpacket.__name__
+                if name in _RANDOM_FILLS and isinstance(out, torch.Tensor) and out.device.type != "meta":
+                    fills.elements += out.numel()
+                return out
+
+        self.elements = 0
+        self._mode = Mode()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._mode.__exit__(*exc)
+
+
+@pytest.mark.parametrize("arch,head", [("bert", "embed"), ("bert", "classify"), ("qwen3", "embed")])
+def test_checkpoint_weights_are_not_initialised_first(tiny_model, arch, head):
+    """Loading writes each checkpoint tensor once: no random init of the whole model
+    first (seconds for BERT-base on a CPU), and the loaded values are the checkpoint's."""
+    from safetensors.torch import load_file as read
+
+    from states.loading import load_model
+
+    path = tiny_model(arch, head)
+    with _RandomFills() as fills:
+        model = load_model(path, "embed" if head == "embed" else head, torch.float32, torch.device("cpu"))
+    assert fills.elements == 0
+    saved = read(path / "model.safetensors")
+    state = model.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in saved.items() if k in state)
+    assert sum(k in state for k in saved) >= len(saved) - 1  # a tied head may be saved once
+
+
+def test_random_fills_are_seen():
+    """The counter sees a model built the ordinary way (random init)."""
+    from transformers import BertConfig, BertModel
+
+    with _RandomFills() as fills:
+        BertModel(BertConfig(vocab_size=64, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                             intermediate_size=16))
+    assert fills.elements > 64 * 8
