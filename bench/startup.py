@@ -1,7 +1,7 @@
 """The fixed cost of a cold `python -m jobs.embed`, phase by phase (CPU or GPU).
 
     python -m bench.startup --tokenizer DIR [--shape bert-base] [--docs 1000] [--device cuda] [--runs 3]
-                            [--model DIR] [--profile-load] [--importtime]
+                            [--model DIR] [--profile-load] [--importtime] [--notebook]
 
 Builds a random-init `--shape` model (bench's shapes, saved by the installed transformers
 with the WordPiece files of `--tokenizer`) and a corpus of `--docs` texts in a temp folder
@@ -12,7 +12,8 @@ case). Per run it prints the process wall, the steady run (`run_seconds`), the f
 cost (wall less the steady run) and the report's `startup` phases (`jobs.driver.PHASES`;
 phases that run side by side overlap, so they do not add up to the fixed cost).
 
-`--profile-load`: a cProfile of `Runtime(...)` (the worker's model load) in a fresh
+`--notebook`: three `jobs.embed` calls on the corpus in one fresh session (`backend="local"`),
+each timed: the first pays the load, the later ones what a warm call pays. `--profile-load`: a cProfile of `Runtime(...)` (the worker's model load) in a fresh
 process, its top functions by cumulative time. `--importtime`: the heaviest top-level
 imports of a fresh process that imports what a job imports (`python -X importtime`).
 """
@@ -45,6 +46,21 @@ states.runtime.Runtime(options)
 profile.disable()
 print(f"import states.runtime {imported:.2f}s; Runtime(...) {time.perf_counter() - t:.2f}s")
 pstats.Stats(profile).sort_stats("cumulative").print_stats(int(sys.argv[4]))
+"""
+
+NOTEBOOK = """
+import json, sys, time
+import pyarrow.parquet as pq
+corpus, model, device = sys.argv[1:4]
+table = pq.read_table(corpus)
+import jobs
+times = []
+for _ in range(3):
+    t = time.perf_counter()
+    jobs.embed(table, model=model, text_column="text", device=device, pooling="mean", normalize=True, backend="local")
+    times.append(time.perf_counter() - t)
+jobs.shutdown()
+print("RESULT " + json.dumps(times))
 """
 
 IMPORTS = "import jobs.cli, jobs.driver, states.runtime, workers.unit"
@@ -101,6 +117,8 @@ def main() -> None:
     parser.add_argument("--compile", default="off", help="compile option of --profile-load's Runtime")
     parser.add_argument("--profile-load", action="store_true")
     parser.add_argument("--importtime", action="store_true")
+    parser.add_argument("--notebook", action="store_true",
+                        help="also time three jobs.embed calls on the corpus in one session (backend local)")
     args = parser.parse_args()
     if args.tokenizer is None and args.model is None:
         parser.error("give --tokenizer (to build the model and corpus) or --model and --tokenizer")
@@ -124,6 +142,15 @@ def main() -> None:
         cells = " | ".join(f"{phases[p]:.2f}" if p in phases else "-" for p in PHASES)
         print(f"| {i + 1} | {'empty' if i == 0 else 'warm'} | {wall:.2f} | {report['run_seconds']:.2f} | "
               f"{wall - report['run_seconds']:.2f} | {cells} | {before} |", flush=True)
+    if args.notebook:
+        done = subprocess.run([sys.executable, "-c", NOTEBOOK, str(corpus), str(model), args.device], env=env,
+                              cwd=REPO, capture_output=True, text=True)
+        line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT ")), None)
+        if line is None:
+            raise RuntimeError(f"notebook calls failed:\n{done.stderr[-3000:]}")
+        times = json.loads(line.removeprefix("RESULT "))
+        print(f"\n# notebook, {args.docs:,} rows, one session: " + ", ".join(f"call {i + 1} {t:.2f}s" for i, t in
+                                                                         enumerate(times)) + f" ({load_line()})")
     if args.importtime:
         print(f"\n# heaviest imports of `{IMPORTS}` ({load_line()})")
         for seconds, name in importtime(env, 25):
