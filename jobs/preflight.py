@@ -23,6 +23,7 @@ import importlib
 import importlib.util
 import json
 import os
+import sys
 from typing import Sequence
 
 import pyarrow as pa
@@ -113,10 +114,9 @@ def _ray_known(spec: JobSpec) -> bool:
     """Whether the workers run on a Ray cluster this process is connected to, connecting
     when an address (or RAY_ADDRESS, as `ray job submit` sets) names one; the driver then
     finds the connection made. A local Ray the driver would start has this machine's GPUs,
-    which are checked without starting it."""
-    import ray
-
-    if ray.is_initialized():
+    which are checked without starting it (nor importing Ray: a connection needs it imported)."""
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
         return True
     address = spec.address or os.environ.get("RAY_ADDRESS")
     if not address or address == "local":

@@ -34,6 +34,8 @@ import torch.nn.functional as F
 from torch import fx, nn
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
+from states.files import cache_root
+
 
 @torch.library.custom_op("pooljobs::linear_gelu", mutates_args=())
 def linear_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -93,7 +95,7 @@ def repeated_blocks(model: nn.Module) -> list[nn.Module]:
 def cache_dir(device: torch.device) -> Path:
     """Where compiled artifacts for `device` persist: keyed by torch version and GPU model
     (kernels built for one GPU or torch do not serve another)."""
-    root = Path(os.environ.get("POOLJOBS_CACHE") or Path.home() / ".cache" / "pooljobs")
+    root = cache_root()
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
     return root / "inductor" / re.sub(r"[^A-Za-z0-9.+-]+", "_", f"torch-{torch.__version__}-{where}")
 

@@ -8,8 +8,12 @@ cache (never the network at run time). Safetensors are preferred; pickle weights
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import os
+import tempfile
+import time
 from pathlib import Path
 
 from states.errors import ModelLoadError
@@ -29,6 +33,9 @@ _NOT_MODEL_DIRS = {"onnx", "openvino", ".git", ".cache"}
 # Ordinary English every text tokenizer must mostly know.
 CHECK_TEXT = "The quick brown fox jumps over the lazy dog."
 MAX_UNKNOWN = 0.5
+# A file changed this recently may change again within its timestamp's tick: not cached.
+RACY_SECONDS = 2
+MAX_CACHED = 256  # fingerprints kept (one small file per model directory); the oldest go first
 
 
 def resolve_model(model: str | Path, revision: str | None = None) -> Path:
@@ -90,14 +97,80 @@ def _model_files(model_dir: Path) -> list[Path]:
     return files
 
 
-def fingerprint(model_dir: Path) -> str:
+def fingerprint(model_dir: Path, cached: bool = True) -> str:
     """sha256 over every file that can change the outputs (names and contents): config and
     weights, every tokenizer file, every sentence-transformers module's config and weights,
-    prompts; documentation and ONNX/OpenVINO exports are left out."""
+    prompts; documentation and ONNX/OpenVINO exports are left out.
+
+    `cached`: reuse the hash an earlier call stored under `cache_root()/fingerprints`
+    while every file's (name, size, mtime, ctime, inode, device) is as it was then.
+    Rewriting a file changes its ctime, which no tool can set back, so a stale entry
+    needs a change of content within one timestamp tick of the hashing: files changed
+    in the last `RACY_SECONDS` are never cached (git's "racy" rule)."""
+    files = _model_files(model_dir)
+    if not cached:
+        return _hash_files(model_dir, files)
+    entry = _cache_file(model_dir)
+    stats = _stats(model_dir, files)
+    try:
+        stored = json.loads(entry.read_text())
+        if stored.get("model_dir") == str(model_dir.resolve()) and stored.get("files") == stats:
+            return stored["sha256"]
+    except (OSError, ValueError, AttributeError, KeyError):
+        pass
+    digest = _hash_files(model_dir, files)
+    newest = max((max(s[2], s[3]) for s in stats), default=0)
+    if stats == _stats(model_dir, files) and time.time_ns() - newest > RACY_SECONDS * 1e9:
+        _store(entry, {"model_dir": str(model_dir.resolve()), "files": stats, "sha256": digest})
+    return digest
+
+
+def cache_root() -> Path:
+    """The folder of pooljobs' caches: `POOLJOBS_CACHE`, else `~/.cache/pooljobs`."""
+    return Path(os.environ.get("POOLJOBS_CACHE") or Path.home() / ".cache" / "pooljobs")
+
+
+def _cache_file(model_dir: Path) -> Path:
+    name = hashlib.sha256(str(model_dir.resolve()).encode()).hexdigest()[:32]
+    return cache_root() / "fingerprints" / f"{name}.json"
+
+
+def _stats(model_dir: Path, files: list[Path]) -> list[list]:
+    """Per file: [relative name, size, mtime_ns, ctime_ns, inode, device] (links followed)."""
+    out = []
+    for file in files:
+        st = file.stat()
+        out.append([file.relative_to(model_dir).as_posix(), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino,
+                    st.st_dev])
+    return out
+
+
+def _hash_files(model_dir: Path, files: list[Path]) -> str:
     digest = hashlib.sha256()
-    for file in _model_files(model_dir):
+    for file in files:
         digest.update(file.relative_to(model_dir).as_posix().encode() + b"\0")
         with file.open("rb") as f:
             while chunk := f.read(1 << 24):
                 digest.update(chunk)
     return digest.hexdigest()
+
+
+def _store(entry: Path, record: dict) -> None:
+    """Write `record` atomically; a cache that cannot be written is only a cache."""
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=entry.parent, suffix=".tmp")
+    except OSError:
+        return
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(record, f)
+        os.replace(tmp, entry)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        return
+    with contextlib.suppress(OSError):
+        entries = sorted(entry.parent.glob("*.json"), key=lambda e: e.stat().st_mtime_ns)
+        for old in entries[:-MAX_CACHED]:
+            old.unlink()

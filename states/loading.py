@@ -42,14 +42,20 @@ def load_model(
     """The transformers model for `task` (AutoModel for embed, with its masked-language-model
     head when `masked_lm`; a sequence-classification head for classify/score), in eval mode
     on `device`. Weights missing from the checkpoint are a ModelLoadError naming them,
-    unless `allow_missing_weights`."""
+    unless `allow_missing_weights`.
+
+    Transformers builds the model on the meta device and writes each checkpoint tensor
+    once, cast to `dtype`; only weights the checkpoint lacks are initialised. On an
+    accelerator the tensors go straight there (`device_map`), with no copy of the model
+    in host memory first."""
     from transformers import AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification
 
     auto = AutoModelForSequenceClassification if task != "embed" else AutoModelForMaskedLM if masked_lm else AutoModel
+    placement = {} if device.type == "cpu" else {"device_map": device}
     try:
         model, info = auto.from_pretrained(
             model_dir, dtype=dtype, trust_remote_code=trust_remote_code, use_safetensors=not allow_pickle or None,
-            local_files_only=True, output_loading_info=True,
+            local_files_only=True, output_loading_info=True, **placement,
         )
     except ValueError as e:
         if "trust_remote_code" in str(e):

@@ -5,7 +5,9 @@ settings an export carries."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -211,3 +213,123 @@ def test_no_sentence_transformers_files(tiny_model):
     assert not read_pipeline(tiny_model("bert")).sentence_transformers
     runtime = _runtime(tiny_model("bert"))
     assert (runtime.pooling, runtime.normalize, runtime.prompt) == (("cls",), False, "")
+
+
+# -- the fingerprint's cache -------------------------------------------------------------
+def test_fingerprint_cached_by_file_stats(tiny_model, tmp_path, monkeypatch):
+    """A second fingerprint of unchanged files reads no weights; a rewrite of the same size
+    with its mtime put back still changes the ctime, so the files are hashed again."""
+    import states.files as files
+
+    monkeypatch.setenv("POOLJOBS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(files, "RACY_SECONDS", 0)
+    path = _copy(tiny_model("bert"), tmp_path / "m")
+    first = fingerprint(path)
+    assert list((tmp_path / "cache" / "fingerprints").glob("*.json"))
+    hashed = []
+    real = files._hash_files
+    monkeypatch.setattr(files, "_hash_files", lambda *a: hashed.append(a) or real(*a))
+    assert fingerprint(path) == first and not hashed
+    assert fingerprint(path, cached=False) == first and len(hashed) == 1  # jobs.verify's reading of every byte
+    weights = path / "model.safetensors"
+    st = weights.stat()
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    time.sleep(0.05)  # past the timestamp tick of the copy (the racy rule's case, switched off here)
+    weights.write_bytes(bytes(data))
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert weights.stat().st_size == st.st_size and weights.stat().st_mtime_ns == st.st_mtime_ns
+    assert fingerprint(path) != first and len(hashed) == 2
+
+
+def test_fingerprint_not_cached_while_files_are_fresh(tiny_model, tmp_path, monkeypatch):
+    """Files changed within `RACY_SECONDS` may change again inside one timestamp tick."""
+    import states.files as files
+
+    monkeypatch.setenv("POOLJOBS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(files, "RACY_SECONDS", 3600)
+    path = _copy(tiny_model("bert"), tmp_path / "m")
+    fingerprint(path)
+    assert not list((tmp_path / "cache").rglob("*.json"))
+
+
+def test_fingerprint_without_a_writable_cache(tiny_model, tmp_path, monkeypatch):
+    import states.files as files
+
+    (tmp_path / "file").write_text("not a folder")
+    monkeypatch.setenv("POOLJOBS_CACHE", str(tmp_path / "file"))
+    monkeypatch.setattr(files, "RACY_SECONDS", 0)
+    path = _copy(tiny_model("bert"), tmp_path / "m")
+    assert fingerprint(path) == fingerprint(path, cached=False)
+
+
+def test_fingerprint_cache_keeps_the_newest(tiny_model, tmp_path, monkeypatch):
+    import states.files as files
+
+    monkeypatch.setenv("POOLJOBS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(files, "RACY_SECONDS", 0)
+    monkeypatch.setattr(files, "MAX_CACHED", 2)
+    paths = [_copy(tiny_model("bert"), tmp_path / f"m{i}", skip=("model.safetensors",)) for i in range(3)]
+    for path in paths:
+        fingerprint(path)
+        time.sleep(0.01)
+    kept = sorted((tmp_path / "cache" / "fingerprints").glob("*.json"))
+    assert len(kept) == 2 and files._cache_file(paths[0]) not in kept
+
+
+# -- no random initialisation of what the checkpoint holds -------------------------------
+_RANDOM_FILLS = {"normal_", "uniform_", "bernoulli_", "exponential_", "geometric_", "log_normal_", "cauchy_",
+                 "random_", "randn", "rand", "randint", "randperm"}
+
+
+class _RandomFills:
+    """Counts the elements written by random-number ops on real (non-meta) tensors."""
+
+    def __enter__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        fills = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                name = func.overloadpacket.__name__
+                if name in _RANDOM_FILLS and isinstance(out, torch.Tensor) and out.device.type != "meta":
+                    fills.elements += out.numel()
+                return out
+
+        self.elements = 0
+        self._mode = Mode()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._mode.__exit__(*exc)
+
+
+@pytest.mark.parametrize("arch,head", [("bert", "embed"), ("bert", "classify"), ("qwen3", "embed")])
+def test_checkpoint_weights_are_not_initialised_first(tiny_model, arch, head):
+    """Loading writes each checkpoint tensor once: no random init of the whole model
+    first (seconds for BERT-base on a CPU), and the loaded values are the checkpoint's."""
+    from safetensors.torch import load_file as read
+
+    from states.loading import load_model
+
+    path = tiny_model(arch, head)
+    with _RandomFills() as fills:
+        model = load_model(path, "embed" if head == "embed" else head, torch.float32, torch.device("cpu"))
+    assert fills.elements == 0
+    saved = read(path / "model.safetensors")
+    state = model.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in saved.items() if k in state)
+    assert sum(k in state for k in saved) >= len(saved) - 1  # a tied head may be saved once
+
+
+def test_random_fills_are_seen():
+    """The counter sees a model built the ordinary way (random init)."""
+    from transformers import BertConfig, BertModel
+
+    with _RandomFills() as fills:
+        BertModel(BertConfig(vocab_size=64, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                             intermediate_size=16))
+    assert fills.elements > 64 * 8
