@@ -123,40 +123,8 @@ def save_m3(directory: Path, colbert_dim: int | None = None, seed: int = 0) -> P
 
 
 def m3_reference(path: Path, texts: list[str], max_length: int = 64) -> tuple:
-    """BGE-M3's outputs as FlagEmbedding computes them, written from its code
-    (FlagEmbedding/finetune/embedder/encoder_only/m3/modeling.py: `_dense_embedding` cls,
-    `_sparse_embedding` token weights, `_colbert_embedding`, `F.normalize` of dense and colbert
-    under normalize_embeddings=True; FlagEmbedding/inference/embedder/encoder_only/m3.py:
-    `_process_token_weights`, `_process_colbert_vecs`), on one right-padded batch through
-    the plain transformers model in float32, independent of pooljobs.
+    """FlagEmbedding's formulas on a padded transformers forward (`states.reference.bge_m3`,
+    the reference `jobs.verify` uses too; independent of pooljobs' packed heads)."""
+    from states.reference import bge_m3
 
-    -> (dense (N, H), lexical weights [{token id: weight}], colbert [(tokens - 1, d)])."""
-    import torch
-    import torch.nn.functional as F
-    from transformers import AutoModel, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModel.from_pretrained(path, dtype=torch.float32).eval()
-    heads = {}
-    for name in ("colbert_linear", "sparse_linear"):
-        state = torch.load(path / f"{name}.pt", map_location="cpu")
-        heads[name] = torch.nn.Linear(state["weight"].shape[1], state["weight"].shape[0])
-        heads[name].load_state_dict(state)
-    batch = tokenizer.pad(tokenizer(texts, truncation=True, max_length=max_length), padding=True, return_tensors="pt")
-    with torch.no_grad():
-        hidden = model(**batch, return_dict=True).last_hidden_state  # (N, L, H)
-        dense = F.normalize(hidden[:, 0], dim=-1)
-        token_weights = torch.relu(heads["sparse_linear"](hidden)).squeeze(-1)  # (N, L)
-        colbert = heads["colbert_linear"](hidden[:, 1:]) * batch["attention_mask"][:, 1:][:, :, None].float()
-        colbert = F.normalize(colbert, dim=-1)
-    unused = {tokenizer.convert_tokens_to_ids(tokenizer.special_tokens_map[t])
-              for t in ("cls_token", "eos_token", "pad_token", "unk_token") if t in tokenizer.special_tokens_map}
-    lexical = []
-    for weights, ids in zip(token_weights.numpy(), batch["input_ids"].tolist()):
-        row: dict[int, float] = {}
-        for w, i in zip(weights, ids):
-            if i not in unused and w > 0 and w > row.get(i, 0):
-                row[i] = float(w)
-        lexical.append(row)
-    vectors = [v[: int(m.sum()) - 1].numpy() for v, m in zip(colbert, batch["attention_mask"])]
-    return dense.numpy(), lexical, vectors
+    return bge_m3(path, texts, max_length)

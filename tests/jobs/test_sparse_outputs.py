@@ -116,6 +116,8 @@ def test_m3_three_outputs_through_the_api_and_cli(tmp_path_factory, tmp_path):
             "--output-dtype", "float16", "--sparse-top-k", "4"]
     assert main("jobs.embed", "", ("embed",), argv, {"task": "embed"}) == 0
     assert verify(str(tmp_path / "o")).ok
+    checked = verify(str(tmp_path / "o"), reference=Reference(4, str(m3)))  # FlagEmbedding's formulas
+    assert checked.ok, checked.problems
     shard = pq.read_table(tmp_path / "o" / "data")
     half = pa.list_(pa.field("item", pa.float16(), nullable=False), 32)
     assert shard.schema.field("multivector").type.value_type == half
