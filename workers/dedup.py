@@ -31,7 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import deque
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -83,9 +83,9 @@ def refusal(previous: dict, current: dict) -> str | None:
     return "; ".join(f"{k}: {old.get(k)!r} there, {new.get(k)!r} here" for k in differ[:3])
 
 
-@dataclass(frozen=True)
-class Values:
-    """One input row's output rows: `table`'s rows [start, stop) (several when each window is a row)."""
+class Values(NamedTuple):
+    """One input row's output rows: `table`'s rows [start, stop) (several when each window
+    is a row). A tuple: one is made per row copied or cached, so it must be cheap."""
 
     table: pa.Table
     start: int
@@ -93,15 +93,11 @@ class Values:
     previous: bool = False  # read from a previous output (a copy of it is reused, not deduplicated)
 
 
-class Block:
-    """Output rows (the columns after the key) and the unit row each belongs to, sorted."""
-
-    def __init__(self, rows: np.ndarray, table: pa.Table) -> None:
-        self.rows, self.table = rows, table
-
-    def values(self, row: int) -> Values:
-        return Values(self.table, int(np.searchsorted(self.rows, row, "left")),
-                      int(np.searchsorted(self.rows, row, "right")))
+def row_values(rows: np.ndarray, table: pa.Table, previous: bool = False) -> dict[int, Values]:
+    """Each unit row's `Values` in `table`, whose output rows belong to `rows` (sorted)."""
+    unique, starts, counts = np.unique(rows, return_index=True, return_counts=True)
+    return {row: Values(table, start, start + count, previous)
+            for row, start, count in zip(unique.tolist(), starts.tolist(), counts.tolist())}
 
 
 class OutputCache:
@@ -159,11 +155,12 @@ class PreviousOutput:
                 return cls({}, why)
             digests = table.column(HASH_COLUMN).to_pylist()
             values = table.drop_columns([table.column_names[0], HASH_COLUMN]).replace_schema_metadata(None)
+            values = values.combine_chunks()  # one chunk: copies are `take`n from it
             # An input row's output rows: one, or one per window (`chunk` 0, 1, ...).
-            starts = (np.flatnonzero(values.column("chunk").to_numpy() == 0).tolist() if "chunk" in values.column_names
-                      else list(range(len(digests))))
-            for start, stop in zip(starts, starts[1:] + [len(digests)]):
-                found.setdefault(digests[start], Values(values, start, stop, previous=True))
+            first = (values.column("chunk").to_numpy() == 0) if "chunk" in values.column_names \
+                else np.ones(len(digests), bool)
+            for values_of in row_values(np.cumsum(first), values, previous=True).values():
+                found.setdefault(digests[values_of.start], values_of)
             nbytes += values.nbytes
         return cls(found, None, nbytes)
 
@@ -180,9 +177,8 @@ class UnitCopies:
         self.reused = 0  # copies of the previous output's rows
         self._first: dict[bytes, int | Values] = {}  # hash -> the source of its later copies
         self._owned: set[int] = set()  # owner rows with copies in the unit
-        self._owners: dict[int, Block] = {}  # written owner rows' blocks
+        self._owners: dict[int, Values] = {}  # written owner rows' values
         self._due: np.ndarray | None = None  # copy rows, sorted; `_next` the first not written
-        self._owned_rows = np.zeros(0, np.int64)
         self._schema: pa.Schema | None = None
         self._column: pa.Array | None = None
         self._next = 0
@@ -240,14 +236,12 @@ class UnitCopies:
         owners' later copies and in the worker's cache."""
         if self._due is None:  # the first group: the feed is done, every copy known
             self._due = np.fromiter(sorted(self.sources), np.int64, len(self.sources))
-            self._owned_rows = np.fromiter(self._owned, np.int64, len(self._owned))
             self._schema = table.schema
-        block = Block(rows, table)
-        unique = np.unique(rows)
-        for owner in unique[np.isin(unique, self._owned_rows)].tolist():
-            self._owners[owner] = block
+        computed = row_values(rows, table)
+        for owner in self._owned.intersection(computed) if self._owned else ():
+            self._owners[owner] = computed[owner]
         if self.cache is not None and self.enabled:
-            self.cache.add({self.hashes[r]: block.values(r) for r in unique.tolist()}, table.nbytes)
+            self.cache.add({self.hashes[r]: v for r, v in computed.items()}, table.nbytes)
         stop = len(self._due) if last else int(np.searchsorted(self._due, rows[-1], "right")) if len(rows) else self._next
         due, self._next = self._due[self._next:stop], stop
         if not len(due):
@@ -260,7 +254,7 @@ class UnitCopies:
                 if owner is None:  # the owner was rejected by the tokenizer
                     self.orphans[row] = source
                     continue
-                source = owner.values(source)
+                source = owner
             _, take, at = pieces.setdefault(id(source.table), (source.table, [], []))
             take.extend(range(source.start, source.stop))
             at.extend([row] * (source.stop - source.start))
