@@ -2,8 +2,8 @@
 
 The driver reads only the previous output's job record, its list of committed units and
 its saved plan; it holds no content hash. Each unit is handed the previous shards that
-read any of its input files (by URI), so a corpus that changed a little, or grew, finds
-its unchanged rows in the shard that holds them; when no file is shared (the input
+read the same rows of its input files (by URI and row position), so a corpus that changed
+a little, or grew, finds its unchanged rows in the shard that holds them; when no file is shared (the input
 moved, or a notebook staged its table under a new name) units are matched by unit name,
 which follows the position in the input listing. The workers compare each shard's
 content hashes and resolved provenance (`workers.dedup`), so a wrong match costs reads,
@@ -56,20 +56,33 @@ def with_reuse(spec: JobSpec, units: list[Unit], model_sha256: str) -> tuple[lis
         return units, Reuse(source, "it has no committed unit")
     data = previous.saved_plan()
     planned = (decode_plan(data, None) if data is not None else None) or []
-    by_file: dict[str, list[str]] = {}
+    by_file: dict[str, list[tuple[int, int, str]]] = {}  # file -> (first row, end row, previous unit)
     for unit in planned:
         if unit.name in committed:
             for piece in unit.files():
-                by_file.setdefault(piece.uri, []).append(unit.name)
+                by_file.setdefault(piece.uri, []).append((*_span(piece), unit.name))
 
     def shards(names: list[str]) -> tuple[str, ...]:
         return tuple(storage.join(source, "data", f"{name}.parquet") for name in dict.fromkeys(names))
 
+    def overlapping(unit: Unit) -> list[str]:
+        """Previous units that read rows of the file positions `unit` reads: in a file that
+        changed in place or grew, each unit reads only the shard(s) of its own rows."""
+        found = []
+        for piece in unit.files():
+            start, end = _span(piece)
+            found += [name for first, stop, name in by_file.get(piece.uri, []) if first < end and start < stop]
+        return found
+
     if any(piece.uri in by_file for unit in units for piece in unit.files()):
-        return ([replace(u, reuse=shards([n for piece in u.files() for n in by_file.get(piece.uri, [])])) for u in units],
-                Reuse(source, matched_by="input file"))
+        return [replace(u, reuse=shards(overlapping(u))) for u in units], Reuse(source, matched_by="input file")
     return [replace(u, reuse=shards([u.name] if u.name in committed else [])) for u in units], \
         Reuse(source, matched_by="unit name")
+
+
+def _span(piece: Unit) -> tuple[int, int]:
+    """The rows [first, end) of its file a single-file unit reads (a whole JSONL/CSV file: all)."""
+    return piece.row_offset, piece.row_offset + piece.num_rows if piece.num_rows >= 0 else 1 << 62
 
 
 def refusal(job: dict, spec: JobSpec, model_sha256: str) -> str | None:

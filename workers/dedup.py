@@ -144,15 +144,18 @@ class PreviousOutput:
         for uri in uris:
             fs, path = storage.resolve(uri, storage_options)
             try:
-                table = pq.read_table(path, filesystem=fs)
+                with fs.open_input_file(path) as f:
+                    shard = pq.ParquetFile(f)
+                    schema = shard.schema_arrow
+                    stamp = json.loads((schema.metadata or {}).get(b"pooljobs", b"{}"))
+                    why = refusal(stamp, metadata)
+                    if HASH_COLUMN not in schema.names:
+                        why = f"{uri} has no {HASH_COLUMN} column (written before pooljobs recorded it)"
+                    if why:  # decided from the footer: a refused shard's rows are never read
+                        return cls({}, why)
+                    table = shard.read()
             except (OSError, pa.ArrowException) as e:
                 return cls({}, f"cannot read {uri}: {e}")
-            stamp = json.loads((table.schema.metadata or {}).get(b"pooljobs", b"{}"))
-            why = refusal(stamp, metadata)
-            if HASH_COLUMN not in table.column_names:
-                why = f"{uri} has no {HASH_COLUMN} column (written before pooljobs recorded it)"
-            if why:
-                return cls({}, why)
             digests = table.column(HASH_COLUMN).to_pylist()
             values = table.drop_columns([table.column_names[0], HASH_COLUMN]).replace_schema_metadata(None)
             values = values.combine_chunks()  # one chunk: copies are `take`n from it

@@ -13,7 +13,6 @@ import os
 import random
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +24,7 @@ from jobs.driver import REPO_ROOT, run_job
 from jobs.spec import JobSpec, SpecError
 from tests.jobs.conftest import WORDS, committed_count, embeddings, one_torch_thread, read_shards
 from tests.jobs.fixtures_models import save_tiny_bert
-from tests.jobs.test_faults import kill_process_tree
+from tests.jobs.test_faults import kill_after_commits
 from workers.dedup import HASH_COLUMN
 
 FILES, ROWS, ROW_GROUP, UNIT_ROWS = 2, 300, 50, 100  # 6 units, 3 per file
@@ -248,16 +247,7 @@ def test_reuse_under_a_killed_driver(model, deduped, tmp_path):
                "--id-column", "id", "--device", "cpu", "--unit-rows", "25", "--no-progress",
                "--backend", "local", "--reuse", str(previous)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
-    with open(tmp_path / "killed.log", "wb") as log:
-        driver = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                  start_new_session=True)
-        try:
-            deadline = time.monotonic() + 300
-            while committed_count(out) < 2 and driver.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.02)
-            assert driver.poll() is None, (tmp_path / "killed.log").read_text()[-3000:]
-        finally:
-            kill_process_tree(driver)
+    kill_after_commits(command, env, out, 2, tmp_path / "killed.log")
     done = committed_count(out)
     assert done >= 2 and not (out / "_SUCCESS").exists()
     rerun = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=400)

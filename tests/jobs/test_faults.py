@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 
 from jobs.cli import main
 from jobs.driver import REPO_ROOT, run_job
+from tests.jobs.conftest import committed_count
 from workers.unit import UnitRunner
 
 
@@ -151,17 +152,7 @@ def test_killed_driver_resumes(no_ray, single_thread, make_spec, reference, same
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
     env.pop("RAY_ADDRESS", None)
 
-    with open(tmp_path / "killed.log", "wb") as log:
-        driver = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                  start_new_session=True)
-        try:
-            deadline = time.monotonic() + 300
-            while count_commits(out) < 3 and driver.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.02)
-            assert driver.poll() is None, (tmp_path / "killed.log").read_text()[-3000:]
-            assert count_commits(out) >= 3, "no commits in 300 s"
-        finally:
-            kill_process_tree(driver)
+    kill_after_commits(command, env, out, 3, tmp_path / "killed.log")
     done_before = count_commits(out)
     assert not (out / "_SUCCESS").exists() and done_before < len(reference), "the driver finished before it was killed"
 
@@ -184,6 +175,22 @@ def test_killed_driver_resumes(no_ray, single_thread, make_spec, reference, same
     assert table.schema.field("embedding").type.list_size == 16
     rows = sum(t.num_rows for t in reference.values())
     assert np.array_equal(np.sort(table.column("id").to_numpy()), np.arange(rows))
+
+
+def kill_after_commits(command: list[str], env: dict, out: Path, commits: int, log_path: Path) -> None:
+    """Run `command` in a session of its own and SIGKILL it (`kill_process_tree`) once `out`
+    holds `commits` commit records; fails if it ends first or commits nothing in 300 s."""
+    with open(log_path, "wb") as log:
+        driver = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
+        try:
+            deadline = time.monotonic() + 300
+            while committed_count(out) < commits and driver.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert driver.poll() is None, log_path.read_text()[-3000:]
+            assert committed_count(out) >= commits, "no commits in 300 s"
+        finally:
+            kill_process_tree(driver)
 
 
 def kill_process_tree(proc: subprocess.Popen) -> None:
