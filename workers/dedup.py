@@ -29,6 +29,7 @@ workers are not found (each worker's cache is its own); the driver holds no hash
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from collections import deque
 from typing import NamedTuple
@@ -83,64 +84,76 @@ def refusal(previous: dict, current: dict) -> str | None:
     return "; ".join(f"{k}: {old.get(k)!r} there, {new.get(k)!r} here" for k in differ[:3])
 
 
-class Values(NamedTuple):
-    """One input row's output rows: `table`'s rows [start, stop) (several when each window
-    is a row). A tuple: one is made per row copied or cached, so it must be cheap."""
+class Block(NamedTuple):
+    """Output rows of several input rows: input row i's are `table`'s rows
+    [starts[i], stops[i]) (several when each window is a row). A source of copies is an
+    int64 *code*: the block's id (`BLOCK_IDS`) in the high 32 bits, i in the low ones, so
+    a part's sources are looked up and gathered as arrays, not one Python object per row."""
 
     table: pa.Table
-    start: int
-    stop: int
+    starts: np.ndarray
+    stops: np.ndarray
     previous: bool = False  # read from a previous output (a copy of it is reused, not deduplicated)
 
+    @classmethod
+    def of_rows(cls, rows: np.ndarray, table: pa.Table, previous: bool = False) -> tuple[np.ndarray, Block]:
+        """(the distinct unit rows, sorted; their block) for `table`, whose output rows belong
+        to `rows` (sorted)."""
+        unique, starts, counts = np.unique(rows, return_index=True, return_counts=True)
+        return unique, cls(table, starts, starts + counts, previous)
 
-def row_values(rows: np.ndarray, table: pa.Table, previous: bool = False) -> dict[int, Values]:
-    """Each unit row's `Values` in `table`, whose output rows belong to `rows` (sorted)."""
-    unique, starts, counts = np.unique(rows, return_index=True, return_counts=True)
-    return {row: Values(table, start, start + count, previous)
-            for row, start, count in zip(unique.tolist(), starts.tolist(), counts.tolist())}
+
+BLOCK_IDS = itertools.count()  # a worker's blocks, numbered once each
+_LOW = 32
+_NONE = np.iinfo(np.int64).min  # a row that is no copy's source and no copy: unusable
+
+
+def codes(block_id: int, n: int) -> np.ndarray:
+    return (block_id << _LOW) | np.arange(n, dtype=np.int64)
 
 
 class OutputCache:
-    """Values of rows a worker computed, by content hash, for later units: at most
-    `max_bytes` of output tables, the oldest launch group's evicted first. A lookup hands
-    out the values themselves, so eviction never takes them from a unit that found them."""
+    """Blocks of rows a worker computed (or read from a previous output), their rows' codes
+    by content hash, for later units: at most `max_bytes` of tables, the oldest block
+    evicted first. A unit takes the blocks it found (`UnitCopies`), so eviction never takes
+    them from it. A hash added again points to the newer block; evicting the older one then
+    forgets it (a miss: the row is computed again, never a wrong copy)."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self._found: dict[bytes, Values] = {}
-        self._blocks: deque[tuple[list[bytes], int]] = deque()  # (hashes, bytes) oldest first
+        self.codes: dict[bytes, int] = {}
+        self.blocks: dict[int, Block] = {}
+        self._held: deque[tuple[int, list[bytes], int]] = deque()  # (block id, its hashes, bytes), oldest first
         self._bytes = 0
 
-    def get(self, digest: bytes) -> Values | None:
-        return self._found.get(digest)
-
-    def add(self, found: dict[bytes, Values], nbytes: int) -> None:
-        """Values by hash, `nbytes` in all (a launch group's computed rows, a previous shard)."""
-        if self.max_bytes <= 0 or not found:
+    def add(self, block_id: int, block: Block, digests: list[bytes], nbytes: int) -> None:
+        """`digests`: the hash of each of `block`'s input rows, in its order."""
+        if self.max_bytes <= 0 or not digests:
             return
-        for digest, values in found.items():
-            self._found.setdefault(digest, values)
-        self._blocks.append((list(found), nbytes))
+        self.codes.update(zip(digests, codes(block_id, len(digests)).tolist()))
+        self.blocks[block_id] = block
+        self._held.append((block_id, digests, nbytes))
         self._bytes += nbytes
-        while self._bytes > self.max_bytes and self._blocks:
-            old, size = self._blocks.popleft()
+        while self._bytes > self.max_bytes and self._held:
+            old, keys, size = self._held.popleft()
             self._bytes -= size
-            for digest in old:
-                self._found.pop(digest, None)
+            del self.blocks[old]
+            deque(map(self.codes.pop, keys, itertools.repeat(None)), maxlen=0)
 
 
 class PreviousOutput:
     """The rows of an earlier job's shards, by content hash, for `--reuse`."""
 
-    def __init__(self, found: dict[bytes, Values], refused: str | None, nbytes: int = 0) -> None:
-        self.found, self.refused, self.nbytes = found, refused, nbytes
+    def __init__(self, codes: dict[bytes, int], blocks: dict[int, tuple[Block, list[bytes]]],
+                 refused: str | None) -> None:
+        self.codes, self.blocks, self.refused = codes, blocks, refused
 
     @classmethod
     def load(cls, uris: tuple[str, ...], metadata: dict, storage_options: dict | None) -> PreviousOutput:
         """Read `uris` (shards of the previous output); none is used, and `refused` says
         why, when one was written with other output settings or without content hashes."""
-        found: dict[bytes, Values] = {}
-        nbytes = 0
+        found: dict[bytes, int] = {}
+        blocks: dict[int, tuple[Block, list[bytes]]] = {}
         for uri in uris:
             fs, path = storage.resolve(uri, storage_options)
             try:
@@ -152,79 +165,94 @@ class PreviousOutput:
                     if HASH_COLUMN not in schema.names:
                         why = f"{uri} has no {HASH_COLUMN} column (written before pooljobs recorded it)"
                     if why:  # decided from the footer: a refused shard's rows are never read
-                        return cls({}, why)
+                        return cls({}, {}, why)
                     table = shard.read()
             except (OSError, pa.ArrowException) as e:
-                return cls({}, f"cannot read {uri}: {e}")
-            digests = table.column(HASH_COLUMN).to_pylist()
+                return cls({}, {}, f"cannot read {uri}: {e}")
             values = table.drop_columns([table.column_names[0], HASH_COLUMN]).replace_schema_metadata(None)
             values = values.combine_chunks()  # one chunk: copies are `take`n from it
             # An input row's output rows: one, or one per window (`chunk` 0, 1, ...).
-            first = (values.column("chunk").to_numpy() == 0) if "chunk" in values.column_names \
-                else np.ones(len(digests), bool)
-            for values_of in row_values(np.cumsum(first), values, previous=True).values():
-                found.setdefault(digests[values_of.start], values_of)
-            nbytes += values.nbytes
-        return cls(found, None, nbytes)
+            starts = np.flatnonzero(values.column("chunk").to_numpy() == 0) if "chunk" in values.column_names \
+                else np.arange(len(values))
+            block_id = next(BLOCK_IDS)
+            block = Block(values, starts, np.append(starts[1:], len(values)), previous=True)
+            digests = table.column(HASH_COLUMN).take(pa.array(starts)).to_pylist()
+            shard_codes = dict(zip(reversed(digests), reversed(codes(block_id, len(starts)).tolist())))  # first wins
+            shard_codes.pop(None, None)
+            found = {**shard_codes, **found}  # an earlier shard wins
+            blocks[block_id] = (block, digests)
+        return cls(found, blocks, None)
+
+    def add_to(self, cache: OutputCache) -> None:
+        """Rows that moved to another unit are found there too."""
+        for block_id, (block, digests) in self.blocks.items():
+            cache.add(block_id, block, digests, block.table.nbytes)
 
 
 class UnitCopies:
     """A unit's copy rows and their sources; decided on the feed thread (`classify`),
-    merged into the shard on the writer thread (`merge`, then `tail`)."""
+    merged into the shard on the writer thread (`merge`, then `tail`). Each row's source
+    (`_sources`) is a code (>= 0) found outside the unit, `-(owner + 1)` for a unit row
+    (itself when it is computed), or `_NONE` where unusable."""
 
     def __init__(self, enabled: bool, cache: OutputCache | None, previous: PreviousOutput | None) -> None:
         self.enabled = enabled
         self.cache, self.previous = cache, previous
         self.hashes: list[bytes | None] = []  # every unit row's, in order
-        self.sources: dict[int, int | Values] = {}  # copy row -> owner row, or values found
+        self.copies = 0  # rows copied (from a unit row, the cache or the previous output)
         self.reused = 0  # copies of the previous output's rows
-        self._first: dict[bytes, int | Values] = {}  # hash -> the source of its later copies
-        self._owned: set[int] = set()  # owner rows with copies in the unit
-        self._owners: dict[int, Values] = {}  # written owner rows' values
+        self.usable = 0
+        self.orphans: dict[int, int] = {}  # copy row -> its owner, which the tokenizer rejected
+        self._first: dict[bytes, int] = {}  # hash -> the source of the unit's rows with it
+        self._parts: list[np.ndarray] = []  # each classified part's sources
+        self._blocks: dict[int, Block] = {}  # blocks a code of the unit names
+        self._sources: np.ndarray | None = None  # every row's, once the feed is done
+        self._row_codes: np.ndarray | None = None  # computed rows' codes, once written
+        self._owners: np.ndarray | None = None  # rows with copies in the unit
         self._due: np.ndarray | None = None  # copy rows, sorted; `_next` the first not written
+        self._next = 0
         self._schema: pa.Schema | None = None
         self._column: pa.Array | None = None
-        self._next = 0
-        self.orphans: dict[int, int] = {}  # copy row -> its owner, which the tokenizer rejected
 
     def classify(self, hashes: list[bytes | None]) -> list[bool]:
         """The next read part's rows' hashes (None: unusable) -> whether each is computed."""
-        base = len(self.hashes)
+        base, n = len(self.hashes), len(hashes)
         self.hashes.extend(hashes)
+        usable = np.fromiter((h is not None for h in hashes), bool, n)
+        self.usable += int(usable.sum())
+        rows = np.arange(base, base + n, dtype=np.int64)
         if not self.enabled:
-            return [h is not None for h in hashes]
-        compute = []
-        for row, digest in enumerate(hashes, base):
-            if digest is None:
-                compute.append(False)
-                continue
-            source = self._first.get(digest)
-            if source is None:
-                source = self._known(digest)
-                self._first[digest] = row if source is None else source
-                if source is None:
-                    compute.append(True)
-                    continue
-            elif isinstance(source, int):
-                self._owned.add(source)
-            self.sources[row] = source
-            self.reused += isinstance(source, Values) and source.previous
-            compute.append(False)
-        return compute
+            self._parts.append(np.where(usable, -(rows + 1), _NONE))
+            return usable.tolist()
+        at = np.flatnonzero(usable).tolist()[::-1]
+        new = dict(zip([hashes[i] for i in at], at))  # each hash's first row in the part
+        new = {h: i for h, i in new.items() if h not in self._first}  # ... new to the unit
+        if new:
+            outside = self._lookup(list(new))
+            owners = -(rows[np.fromiter(new.values(), np.int64, len(new))] + 1)
+            self._first.update(zip(new, np.where(outside >= 0, outside, owners).tolist()))
+        sources = np.array([_NONE if h is None else self._first[h] for h in hashes], np.int64)
+        compute = sources == -(rows + 1)
+        copy = usable & ~compute
+        self.copies += int(copy.sum())
+        blocks, counts = np.unique(sources[copy & (sources >= 0)] >> _LOW, return_counts=True)
+        self.reused += sum(n for b, n in zip(blocks.tolist(), counts.tolist()) if self._blocks[b].previous)
+        self._parts.append(sources)
+        return compute.tolist()
 
-    def _known(self, digest: bytes) -> Values | None:
-        found = self.previous.found.get(digest) if self.previous is not None else None
-        if found is None and self.cache is not None:
-            found = self.cache.get(digest)
-        return found
-
-    @property
-    def copies(self) -> int:
-        return len(self.sources)
-
-    @property
-    def usable(self) -> int:
-        return len(self.hashes) - self.hashes.count(None)
+    def _lookup(self, digests: list[bytes]) -> np.ndarray:
+        """Each hash's code in the previous output, else in the cache, else -1; the blocks
+        named are taken into the unit."""
+        found = [None] * len(digests)
+        for codes_of in (self.previous.codes if self.previous is not None else None,
+                         self.cache.codes if self.cache is not None else None):
+            if codes_of:
+                found = [c if c is not None else codes_of.get(d) for c, d in zip(found, digests)]
+        out = np.array([-1 if c is None else c for c in found], np.int64)
+        for block_id in np.unique(out[out >= 0] >> _LOW).tolist():
+            held = self.previous.blocks.get(block_id) if self.previous is not None else None
+            self._blocks[block_id] = held[0] if held is not None else self.cache.blocks[block_id]
+        return out
 
     def hash_column(self) -> pa.Array:
         """Every unit row's content hash (null where unusable), built once."""
@@ -238,33 +266,48 @@ class UnitCopies:
         (with `last`, every copy left), in input order. Records the group's rows for the
         owners' later copies and in the worker's cache."""
         if self._due is None:  # the first group: the feed is done, every copy known
-            self._due = np.fromiter(sorted(self.sources), np.int64, len(self.sources))
-            self._schema = table.schema
-        computed = row_values(rows, table)
-        for owner in self._owned.intersection(computed) if self._owned else ():
-            self._owners[owner] = computed[owner]
+            self._start(table.schema)
+        unique, block = Block.of_rows(rows, table)
+        block_id = next(BLOCK_IDS)
+        self._row_codes[unique] = codes(block_id, len(unique))
+        if self._owners[unique].any():
+            self._blocks[block_id] = block
         if self.cache is not None and self.enabled:
-            self.cache.add({self.hashes[r]: v for r, v in computed.items()}, table.nbytes)
+            self.cache.add(block_id, block, [self.hashes[r] for r in unique.tolist()], table.nbytes)
         stop = len(self._due) if last else int(np.searchsorted(self._due, rows[-1], "right")) if len(rows) else self._next
         due, self._next = self._due[self._next:stop], stop
         if not len(due):
             return rows, table
-        pieces: dict[int, tuple[pa.Table, list[int], list[int]]] = {}  # table id -> (table, its rows, unit rows)
-        for row in due.tolist():
-            source = self.sources[row]
-            if isinstance(source, int):
-                owner = self._owners.get(source)
-                if owner is None:  # the owner was rejected by the tokenizer
-                    self.orphans[row] = source
-                    continue
-                source = owner
-            _, take, at = pieces.setdefault(id(source.table), (source.table, [], []))
-            take.extend(range(source.start, source.stop))
-            at.extend([row] * (source.stop - source.start))
-        tables = [table] + [_like(t.take(pa.array(take, pa.int64())), table.schema) for t, take, _ in pieces.values()]
-        all_rows = np.concatenate([rows] + [np.asarray(at, np.int64) for _, _, at in pieces.values()])
+        sources = self._sources[due]
+        owner = np.where(sources < 0, -sources - 1, 0)
+        found = np.where(sources >= 0, sources, self._row_codes[owner])
+        orphan = found < 0  # the owner was rejected by the tokenizer
+        if orphan.any():
+            self.orphans.update(zip(due[orphan].tolist(), owner[orphan].tolist()))
+            due, found = due[~orphan], found[~orphan]
+        tables, at = [table], [rows]
+        blocks = found >> _LOW
+        for block_id in np.unique(blocks).tolist():
+            mine = blocks == block_id
+            source = self._blocks[block_id]
+            i = found[mine] & ((1 << _LOW) - 1)
+            starts, counts = source.starts[i], source.stops[i] - source.starts[i]
+            take = np.repeat(starts - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
+            tables.append(_like(source.table.take(pa.array(take)), table.schema))
+            at.append(np.repeat(due[mine], counts))
+        all_rows = np.concatenate(at)
         order = np.argsort(all_rows, kind="stable")  # a row is computed or copied, never both
         return all_rows[order], pa.concat_tables(tables).take(pa.array(order))
+
+    def _start(self, schema: pa.Schema) -> None:
+        sources = self._sources = np.concatenate(self._parts) if self._parts else np.zeros(0, np.int64)
+        rows = np.arange(len(sources), dtype=np.int64)
+        copy = (sources != _NONE) & (sources != -(rows + 1))
+        self._due = np.flatnonzero(copy)
+        self._row_codes = np.full(len(sources), -1, np.int64)
+        self._owners = np.zeros(len(sources), bool)
+        self._owners[-sources[copy & (sources < 0)] - 1] = True
+        self._schema = schema
 
     def tail(self) -> tuple[np.ndarray, pa.Table]:
         """The copies after the unit's last computed row (after every group's `merge`)."""

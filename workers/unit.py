@@ -277,8 +277,8 @@ class UnitRunner:
         previous = None
         if unit.reuse and self.options.dedup:
             previous = PreviousOutput.load(unit.reuse, self.metadata, self.options.storage_options)
-            if self.cache is not None:  # rows that moved to another unit are found there too
-                self.cache.add(previous.found, previous.nbytes)
+            if self.cache is not None:
+                previous.add_to(self.cache)
         copies = UnitCopies(self.options.dedup, self.cache, previous)
         return feed_unit(unit, self.options, self._tokenizer_for, queue, copies)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from workers.dedup import OutputCache, UnitCopies, Values, content_hashes, refusal
+from workers.dedup import BLOCK_IDS, Block, OutputCache, UnitCopies, content_hashes, refusal
 
 
 def test_content_hashes():
@@ -60,15 +60,32 @@ def test_disabled_computes_every_usable_row():
 
 def test_cache_evicts_oldest_but_found_values_stay():
     cache = OutputCache(max_bytes=100)
-    table = pa.table({"x": pa.array(np.zeros(10, np.float32))})  # 40 bytes
-    keys = [bytes([i]) * 16 for i in range(3)]
-    for key in keys:
-        cache.add({key: Values(table, 0, 1)}, table.nbytes)
-    held = cache.get(keys[1])
-    cache.add({b"\x09" * 16: Values(table, 0, 1)}, table.nbytes)
-    assert cache.get(keys[0]) is None and cache.get(keys[1]) is None and cache.get(keys[2]) is not None
-    assert held.table.num_rows == 10
-    OutputCache(0).add({keys[0]: held}, 40)  # max 0: keeps nothing, no error
+    table = pa.table({"x": pa.array(np.arange(10, dtype=np.float32))})  # 40 bytes
+    keys = [bytes([i]) * 16 for i in range(4)]
+
+    def add(key: bytes) -> None:
+        cache.add(next(BLOCK_IDS), Block(table, np.array([3]), np.array([4])), [key], table.nbytes)
+
+    for key in keys[:3]:
+        add(key)
+    copies = UnitCopies(True, cache, None)
+    assert copies.classify([keys[1]]) == [False]  # found in the cache: the unit holds its block
+    add(keys[3])
+    assert [k in cache.codes for k in keys] == [False, False, True, True] and len(cache.blocks) == 2
+    copies.merge(np.zeros(0, np.int64), table.slice(0, 0))
+    rows, out = copies.tail()
+    assert rows.tolist() == [0] and out.column("x").to_pylist() == [3.0]
+    OutputCache(0).add(next(BLOCK_IDS), Block(table, np.array([0]), np.array([1])), [keys[0]], 40)  # keeps nothing
+
+
+def test_copies_of_multi_row_sources_expand_in_order():
+    """A source with one output row per window (overlong='chunk') is copied whole."""
+    a, b = b"\x01" * 16, b"\x02" * 16
+    copies = UnitCopies(True, None, None)
+    assert copies.classify([a, b, b, a]) == [True, True, False, False]
+    rows, table = copies.merge(np.array([0, 0, 1, 1, 1]), pa.table({"v": [0.0, 0.5, 1.0, 1.1, 1.2]}))
+    rows, table = copies.tail()
+    assert rows.tolist() == [2, 2, 2, 3, 3] and table.column("v").to_pylist() == [1.0, 1.1, 1.2, 0.0, 0.5]
 
 
 def test_refusal_names_the_setting():
