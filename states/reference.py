@@ -116,13 +116,15 @@ def _multivector(ref: ReferenceModel, texts: list[str]) -> list[np.ndarray]:
 
 
 def bge_m3(model_dir: Path, texts: list[str], max_length: int, normalize: bool = True,
-           prompt: str = "") -> tuple[np.ndarray, list[dict[int, float]], list[np.ndarray]]:
+           prompt: str = "", dtype: str = "float32",
+           device: str = "cpu") -> tuple[np.ndarray, list[dict[int, float]], list[np.ndarray]]:
     """BGE-M3's outputs as FlagEmbedding computes them, written from its code
     (FlagEmbedding/finetune/embedder/encoder_only/m3/modeling.py: `_dense_embedding` cls,
     `_sparse_embedding` token weights, `_colbert_embedding`, `F.normalize` of dense and colbert
     under normalize_embeddings; FlagEmbedding/inference/embedder/encoder_only/m3.py:
     `_process_token_weights`, `_process_colbert_vecs`), on one right-padded batch through
-    the plain transformers model in float32.
+    the plain transformers model in `dtype` (float32 for `jobs.verify`; a test's bf16 run on
+    the GPU measures the precision's own noise, against which a bf16 job is judged).
 
     -> (dense (N, H), lexical weights [{token id: weight}], colbert [(tokens - 1, d)])."""
     import torch
@@ -130,21 +132,24 @@ def bge_m3(model_dir: Path, texts: list[str], max_length: int, normalize: bool =
     from transformers import AutoModel, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
-    model = AutoModel.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True).eval()
+    model = AutoModel.from_pretrained(model_dir, dtype=getattr(torch, dtype), local_files_only=True).eval().to(device)
     heads = {}
     for name in ("colbert_linear", "sparse_linear"):
         state = torch.load(model_dir / f"{name}.pt", map_location="cpu", weights_only=True)
         heads[name] = torch.nn.Linear(state["weight"].shape[1], state["weight"].shape[0])
         heads[name].load_state_dict(state)
+        heads[name].to(device, getattr(torch, dtype))
     batch = tokenizer.pad(tokenizer([prompt + t for t in texts], truncation=True, max_length=max_length),
-                          padding=True, return_tensors="pt")
+                          padding=True, return_tensors="pt").to(device)
     with torch.no_grad():
         hidden = model(**batch, return_dict=True).last_hidden_state  # (N, L, H)
         dense = hidden[:, 0]
         token_weights = torch.relu(heads["sparse_linear"](hidden)).squeeze(-1)  # (N, L)
-        colbert = heads["colbert_linear"](hidden[:, 1:]) * batch["attention_mask"][:, 1:][:, :, None].float()
+        colbert = heads["colbert_linear"](hidden[:, 1:]) * batch["attention_mask"][:, 1:][:, :, None].to(hidden.dtype)
         if normalize:
             dense, colbert = F.normalize(dense, dim=-1), F.normalize(colbert, dim=-1)
+        dense, token_weights, colbert = dense.float().cpu(), token_weights.float().cpu(), colbert.float().cpu()
+    batch = batch.to("cpu")
     unused = {tokenizer.convert_tokens_to_ids(tokenizer.special_tokens_map[t])
               for t in ("cls_token", "eos_token", "pad_token", "unk_token") if t in tokenizer.special_tokens_map}
     lexical = []

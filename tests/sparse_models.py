@@ -122,9 +122,10 @@ def save_m3(directory: Path, colbert_dim: int | None = None, seed: int = 0) -> P
     return directory
 
 
-def m3_reference(path: Path, texts: list[str], max_length: int = 64) -> tuple:
+def m3_reference(path: Path, texts: list[str], max_length: int = 64, dtype: str = "float32",
+                 device: str = "cpu") -> tuple:
     """FlagEmbedding's formulas on a padded transformers forward (`states.reference.bge_m3`,
     the reference `jobs.verify` uses too; independent of pooljobs' packed heads)."""
     from states.reference import bge_m3
 
-    return bge_m3(path, texts, max_length)
+    return bge_m3(path, texts, max_length, dtype=dtype, device=device)

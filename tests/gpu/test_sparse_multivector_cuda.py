@@ -1,7 +1,9 @@
 """bf16 sparse and multivector jobs on CUDA against sentence-transformers in float32 on the
 same GPU (`SparseEncoder.encode`, `MultiVectorEncoder.encode_document`): cos >= 0.999 per
 row over the dense vocabulary weights, and per kept token, with the same tokens kept; a
-BGE-M3's three outputs from one bf16 job against FlagEmbedding's formulas in float32."""
+BGE-M3's three outputs from one bf16 job against FlagEmbedding's formulas in float32, each
+within 0.999 or, where bf16 itself strays further on the tiny test model, within twice the
+error of the same formulas run in bf16 on a plain padded transformers forward."""
 
 from __future__ import annotations
 
@@ -65,19 +67,29 @@ def test_bf16_m3_matches_flag_embedding(tmp_path, texts):
     path = save_m3(tmp_path / "m3")
     out = jobs.embed(pd.DataFrame({"text": texts}), model=str(path), backend="local", device="cuda",
                      outputs="dense,sparse,multivector")
-    dense, lexical, colbert = m3_reference(path, texts)  # float32, CPU
-    dense_cos = _cos(np.stack(out["embedding"]).astype(np.float32), dense)
-    vocab = 1 + max([*(max(row, default=0) for row in lexical), *(max(i, default=0) for i in out["sparse_indices"])])
-    got, want = np.zeros((len(texts), vocab), np.float32), np.zeros((len(texts), vocab), np.float32)
-    for r, (indices, values, ref) in enumerate(zip(out["sparse_indices"], out["sparse_values"], lexical)):
-        got[r, np.asarray(indices)] = values
-        want[r, list(ref)] = list(ref.values())
-    sparse_cos = _cos(got, want)
-    multi_cos = []
-    for vectors, ref in zip(out["multivector"], colbert):
-        vectors = np.stack(vectors).astype(np.float32)
+    want = m3_reference(path, texts)  # float32, CPU
+    floor = m3_reference(path, texts, dtype="bfloat16", device="cuda")  # bf16's own error on this model
+    got = (np.stack(out["embedding"]).astype(np.float32),
+           [dict(zip(i, v)) for i, v in zip(out["sparse_indices"], out["sparse_values"])],
+           [np.stack(v).astype(np.float32) for v in out["multivector"]])
+    ours, plain = _m3_min_cos(got, want), _m3_min_cos(floor, want)
+    print("bge-m3 bf16 vs FlagEmbedding formulas fp32, min cos (pooljobs / plain transformers bf16): "
+          + ", ".join(f"{k} {ours[k]:.6f} / {plain[k]:.6f}" for k in ours))
+    for k in ours:
+        assert 1 - ours[k] <= max(1 - BF16_MIN_COS, 2 * (1 - plain[k])), k
+
+
+def _m3_min_cos(got: tuple, want: tuple) -> dict[str, float]:
+    """Per output, the least cosine of `got` (dense, lexical weights, colbert) to `want`'s:
+    per row for dense and for the lexical weights over the vocabulary, per token for colbert."""
+    (dense, lexical, colbert), (dense_ref, lexical_ref, colbert_ref) = got, want
+    vocab = 1 + max(max(row, default=0) for row in [*lexical, *lexical_ref])
+    sparse, sparse_ref = np.zeros((len(dense), vocab), np.float32), np.zeros((len(dense), vocab), np.float32)
+    for r, (row, ref) in enumerate(zip(lexical, lexical_ref)):
+        sparse[r, list(row)], sparse_ref[r, list(ref)] = list(row.values()), list(ref.values())
+    multi = []
+    for vectors, ref in zip(colbert, colbert_ref):
         assert vectors.shape == ref.shape  # tokens - 1 vectors: the CLS left out
-        multi_cos.append(_cos(vectors, ref).min())
-    print(f"bge-m3 bf16 vs FlagEmbedding formulas fp32: min cos dense {dense_cos.min():.6f}, "
-          f"sparse {sparse_cos.min():.6f}, multivector {min(multi_cos):.6f}")
-    assert min(dense_cos.min(), sparse_cos.min(), min(multi_cos)) >= BF16_MIN_COS
+        multi.append(_cos(vectors, ref).min())
+    return {"dense": float(_cos(dense, dense_ref).min()), "sparse": float(_cos(sparse, sparse_ref).min()),
+            "multivector": float(min(multi))}
