@@ -66,8 +66,10 @@ def job(data: Path, out: Path, model: Path, device: str, *flags: str) -> tuple[f
 
 def line(what: str, wall: float, report: dict) -> str:
     run = report["run_seconds"]
+    stages = "  ".join(f"{k} {v:.1f}" for k, v in report["stage_seconds"].items())
     return (f"{what:<34} wall {wall:7.1f}s  run {run:6.1f}s  fixed {wall - run:5.1f}s  computed "
-            f"{report['rows_computed']:>9,}  copied {report['rows_deduplicated']:>9,}  reused {report['rows_reused']:>9,}")
+            f"{report['rows_computed']:>9,}  copied {report['rows_deduplicated']:>9,}  reused {report['rows_reused']:>9,}"
+            f"\n    stage seconds (summed over units; they overlap): {stages}; compile {report['decisions']['compile']}")
 
 
 def embeddings_by_id(out: Path) -> tuple[np.ndarray, np.ndarray]:

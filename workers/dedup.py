@@ -170,7 +170,7 @@ class PreviousOutput:
             except (OSError, pa.ArrowException) as e:
                 return cls({}, {}, f"cannot read {uri}: {e}")
             values = table.drop_columns([table.column_names[0], HASH_COLUMN]).replace_schema_metadata(None)
-            values = values.combine_chunks()  # one chunk: copies are `take`n from it
+            values = one_chunk([values])  # copies are `take`n from it
             # An input row's output rows: one, or one per window (`chunk` 0, 1, ...).
             starts = np.flatnonzero(values.column("chunk").to_numpy() == 0) if "chunk" in values.column_names \
                 else np.arange(len(values))
@@ -207,6 +207,7 @@ class UnitCopies:
         self._parts: list[np.ndarray] = []  # each classified part's sources
         self._blocks: dict[int, Block] = {}  # blocks a code of the unit names
         self._sources: np.ndarray | None = None  # every row's, once the feed is done
+        self._computed: list[tuple[np.ndarray, Block]] = []  # launch groups' rows for the cache, at `tail`
         self._row_codes: np.ndarray | None = None  # computed rows' codes, once written
         self._owners: np.ndarray | None = None  # rows with copies in the unit
         self._due: np.ndarray | None = None  # copy rows, sorted; `_next` the first not written
@@ -264,7 +265,7 @@ class UnitCopies:
         """A launch group's computed output rows (`rows`: unit rows, sorted, one per output
         row; `table`: the columns after the key) with the copies due up to its last row
         (with `last`, every copy left), in input order. Records the group's rows for the
-        owners' later copies and in the worker's cache."""
+        owners' later copies (and for the worker's cache, which `tail` fills)."""
         if self._due is None:  # the first group: the feed is done, every copy known
             self._start(table.schema)
         unique, block = Block.of_rows(rows, table)
@@ -272,8 +273,8 @@ class UnitCopies:
         self._row_codes[unique] = codes(block_id, len(unique))
         if self._owners[unique].any():
             self._blocks[block_id] = block
-        if self.cache is not None and self.enabled:
-            self.cache.add(block_id, block, [self.hashes[r] for r in unique.tolist()], table.nbytes)
+        if self.cache is not None and self.enabled and len(unique):
+            self._computed.append((unique, block))
         stop = len(self._due) if last else int(np.searchsorted(self._due, rows[-1], "right")) if len(rows) else self._next
         due, self._next = self._due[self._next:stop], stop
         if not len(due):
@@ -297,7 +298,7 @@ class UnitCopies:
             at.append(np.repeat(due[mine], counts))
         all_rows = np.concatenate(at)
         order = np.argsort(all_rows, kind="stable")  # a row is computed or copied, never both
-        return all_rows[order], pa.concat_tables(tables).take(pa.array(order))
+        return all_rows[order], one_chunk(tables).take(pa.array(order))
 
     def _start(self, schema: pa.Schema) -> None:
         sources = self._sources = np.concatenate(self._parts) if self._parts else np.zeros(0, np.int64)
@@ -310,8 +311,29 @@ class UnitCopies:
         self._schema = schema
 
     def tail(self) -> tuple[np.ndarray, pa.Table]:
-        """The copies after the unit's last computed row (after every group's `merge`)."""
-        return self.merge(np.zeros(0, np.int64), self._schema.empty_table(), last=True)
+        """The copies after the unit's last computed row (after every group's `merge`);
+        then the unit's computed rows go to the worker's cache as one block, so a later
+        group's copies take from one table per earlier unit, not one per launch group."""
+        out = self.merge(np.zeros(0, np.int64), self._schema.empty_table(), last=True)
+        if self._computed:
+            rows = np.concatenate([unique for unique, _ in self._computed])
+            offsets = np.cumsum([0] + [block.table.num_rows for _, block in self._computed[:-1]])
+            table = one_chunk([block.table for _, block in self._computed])
+            block = Block(table, np.concatenate([b.starts + o for (_, b), o in zip(self._computed, offsets)]),
+                          np.concatenate([b.stops + o for (_, b), o in zip(self._computed, offsets)]))
+            self.cache.add(next(BLOCK_IDS), block, [self.hashes[r] for r in rows.tolist()], table.nbytes)
+            self._computed = []
+        return out
+
+
+def one_chunk(tables: list[pa.Table]) -> pa.Table:
+    """`tables` (one schema) as one table of one chunk per column, joined column by column
+    (`pa.concat_arrays`): `Table.combine_chunks`, and `take` across chunks, are many times
+    slower on fixed_size_list columns of many chunks (bench/RESULTS.md)."""
+    schema = tables[0].schema
+    columns = [[chunk for t in tables for chunk in t.column(name).chunks] for name in schema.names]
+    return pa.Table.from_arrays([pa.concat_arrays(c) if c else pa.array([], f.type) for c, f in zip(columns, schema)],
+                                schema=schema)
 
 
 def _like(table: pa.Table, schema: pa.Schema) -> pa.Table:
