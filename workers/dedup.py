@@ -11,7 +11,8 @@ While a unit is read (`UnitCopies.classify`, on the feed thread) each usable row
 - a copy of an earlier row of the unit with the same hash (its *owner*, the first one),
 - a copy of a row of the job's previous output (`--reuse`: `PreviousOutput`, the shards
   the driver names for the unit), or of one this worker computed or read from a previous
-  shard for an earlier unit (`OutputCache`, bounded in bytes, oldest first),
+  shard for an earlier unit (`OutputCache`, bounded in bytes, oldest first; a unit's rows
+  enter it when the unit is written, so the next unit, read meanwhile, may miss them),
 - or computed, and then the owner of later copies.
 Only computed rows are tokenized and forwarded. On the writer thread
 (`UnitCopies.merge`) each launch group's computed rows take in the copies due up to its
