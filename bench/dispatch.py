@@ -31,7 +31,7 @@ class NoopActor:
         return {}
 
     def join(self, call: Call) -> dict:
-        return {"warm_up_seconds": 0.0}
+        return {"warm_up_seconds": 0.0, "joined_at": time.time()}
 
     def run(self, call: Call, unit: Unit) -> int:
         return unit.row_offset
