@@ -177,6 +177,64 @@ def test_killed_driver_resumes(no_ray, single_thread, make_spec, reference, same
     assert np.array_equal(np.sort(table.column("id").to_numpy()), np.arange(rows))
 
 
+# The job, with every commit record after the first two stuck half written in its temp
+# file: the driver goes on dispatching (records are stored off the dispatch thread) while
+# the records queue up behind the stuck ones.
+STUCK_COMMITS = """
+import runpy, sys, threading
+from jobs import manifest
+
+real, stored = manifest.Manifest._put, []
+
+def put(self, path, data):
+    if "/_manifest/" not in path:
+        return real(self, path, data)
+    if len(stored) < 2:
+        stored.append(path)
+        return real(self, path, data)
+    parent, name = path.rsplit("/", 1)
+    with open(f"{parent}/.{name}.stuck.tmp", "wb") as half:
+        half.write(data[: len(data) // 2])
+    threading.Event().wait()
+
+manifest.Manifest._put = put
+sys.argv = ["jobs.embed", *sys.argv[1:]]
+runpy.run_module("jobs.embed", run_name="__main__")
+"""
+
+
+def test_driver_killed_with_commit_records_in_flight(no_ray, single_thread, make_spec, reference, same_as_reference,
+                                                     tmp_path):
+    """SIGKILLed while shards are written whose commit records are queued or half stored:
+    those units count as not done (a half-written record is a hidden temp file, never a
+    record), the rerun redoes exactly them over their shard files, and the output is the
+    uninterrupted run's."""
+    spec = make_spec(tmp_path / "out")
+    out = Path(spec.output)
+    argv = ["--input", spec.input, "--output", spec.output, "--model", spec.model, "--id-column", "id",
+            "--device", "cpu", "--unit-rows", str(spec.unit_rows), "--no-progress", "--backend", "local"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+    with open(tmp_path / "stuck.log", "wb") as log:
+        driver = subprocess.Popen([sys.executable, "-c", STUCK_COMMITS, *argv], cwd=REPO_ROOT, env=env, stdout=log,
+                                  stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 300
+            while len(list(Path(out, "data").glob("part-*.parquet"))) < 6 and driver.poll() is None \
+                    and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert driver.poll() is None, (tmp_path / "stuck.log").read_text()[-3000:]
+        finally:
+            kill_process_tree(driver)
+    shards = {p.stem for p in Path(out, "data").glob("part-*.parquet")}
+    assert committed_count(out) == 2 and len(shards) >= 6 and list(Path(out, "_manifest").glob(".*.stuck.tmp"))
+
+    rerun = subprocess.run([sys.executable, "-m", "jobs.embed", *argv], cwd=REPO_ROOT, env=env, capture_output=True,
+                           text=True, timeout=400)
+    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+    same_as_reference(out)
+    assert json.loads((out / "_report.json").read_text())["units_run_now"] == len(reference) - 2
+
+
 def kill_after_commits(command: list[str], env: dict, out: Path, commits: int, log_path: Path) -> None:
     """Run `command` in a session of its own and SIGKILL it (`kill_process_tree`) once `out`
     holds `commits` commit records; fails if it ends first or commits nothing in 300 s."""
