@@ -204,7 +204,7 @@ class UnitCopies:
         self.reused = 0  # copies of the previous output's rows
         self.usable = 0
         self.orphans: dict[int, int] = {}  # copy row -> its owner, which the tokenizer rejected
-        self._first: dict[bytes, int] = {}  # hash -> the source of the unit's rows with it
+        self._first: dict[bytes | None, int] = {None: _NONE}  # hash -> the source of the unit's rows with it
         self._parts: list[np.ndarray] = []  # each classified part's sources
         self._blocks: dict[int, Block] = {}  # blocks a code of the unit names
         self._sources: np.ndarray | None = None  # every row's, once the feed is done
@@ -217,23 +217,26 @@ class UnitCopies:
         self._column: pa.Array | None = None
 
     def classify(self, hashes: list[bytes | None]) -> list[bool]:
-        """The next read part's rows' hashes (None: unusable) -> whether each is computed."""
+        """The next read part's rows' hashes (None: unusable) -> whether each is computed.
+        Per row only C-level dict lookups (`map`): this runs on the feed thread, which
+        reads and hashes every row of a job."""
         base, n = len(self.hashes), len(hashes)
         self.hashes.extend(hashes)
-        usable = np.fromiter((h is not None for h in hashes), bool, n)
-        self.usable += int(usable.sum())
         rows = np.arange(base, base + n, dtype=np.int64)
         if not self.enabled:
+            usable = np.fromiter((h is not None for h in hashes), bool, n)
+            self.usable += int(usable.sum())
             self._parts.append(np.where(usable, -(rows + 1), _NONE))
             return usable.tolist()
-        at = np.flatnonzero(usable).tolist()[::-1]
-        new = dict(zip([hashes[i] for i in at], at))  # each hash's first row in the part
-        new = {h: i for h, i in new.items() if h not in self._first}  # ... new to the unit
-        if new:
+        at = [i for i, source in enumerate(map(self._first.get, hashes)) if source is None][::-1]
+        if at:  # hashes new to the unit, each at its first row in the part
+            new = dict(zip([hashes[i] for i in at], at))
             outside = self._lookup(list(new))
-            owners = -(rows[np.fromiter(new.values(), np.int64, len(new))] + 1)
+            owners = -(base + np.fromiter(new.values(), np.int64, len(new)) + 1)
             self._first.update(zip(new, np.where(outside >= 0, outside, owners).tolist()))
-        sources = np.array([_NONE if h is None else self._first[h] for h in hashes], np.int64)
+        sources = np.fromiter(map(self._first.__getitem__, hashes), np.int64, n)
+        usable = sources != _NONE
+        self.usable += int(usable.sum())
         compute = sources == -(rows + 1)
         copy = usable & ~compute
         self.copies += int(copy.sum())
@@ -245,12 +248,12 @@ class UnitCopies:
     def _lookup(self, digests: list[bytes]) -> np.ndarray:
         """Each hash's code in the previous output, else in the cache, else -1; the blocks
         named are taken into the unit."""
-        found = [None] * len(digests)
-        for codes_of in (self.previous.codes if self.previous is not None else None,
-                         self.cache.codes if self.cache is not None else None):
+        out = np.full(len(digests), -1, np.int64)
+        for codes_of in (self.cache.codes if self.cache is not None else None,
+                         self.previous.codes if self.previous is not None else None):  # the previous output wins
             if codes_of:
-                found = [c if c is not None else codes_of.get(d) for c, d in zip(found, digests)]
-        out = np.array([-1 if c is None else c for c in found], np.int64)
+                found = np.fromiter(map(codes_of.get, digests, itertools.repeat(-1)), np.int64, len(digests))
+                out = np.where(found >= 0, found, out)
         for block_id in np.unique(out[out >= 0] >> _LOW).tolist():
             held = self.previous.blocks.get(block_id) if self.previous is not None else None
             self._blocks[block_id] = held[0] if held is not None else self.cache.blocks[block_id]
