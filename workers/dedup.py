@@ -208,7 +208,7 @@ class UnitCopies:
         self._parts: list[np.ndarray] = []  # each classified part's sources
         self._blocks: dict[int, Block] = {}  # blocks a code of the unit names
         self._sources: np.ndarray | None = None  # every row's, once the feed is done
-        self._computed: list[tuple[np.ndarray, Block]] = []  # launch groups' rows for the cache, at `tail`
+        self._computed: list[tuple[np.ndarray, pa.Table]] = []  # launch groups' (rows, table) for the cache, at `tail`
         self._row_codes: np.ndarray | None = None  # computed rows' codes, once written
         self._owners: np.ndarray | None = None  # rows with copies in the unit
         self._due: np.ndarray | None = None  # copy rows, sorted; `_next` the first not written
@@ -278,7 +278,7 @@ class UnitCopies:
         if self._owners[unique].any():
             self._blocks[block_id] = block
         if self.cache is not None and self.enabled and len(unique):
-            self._computed.append((unique, block))
+            self._computed.append((rows, table))
         stop = len(self._due) if last else int(np.searchsorted(self._due, rows[-1], "right")) if len(rows) else self._next
         due, self._next = self._due[self._next:stop], stop
         if not len(due):
@@ -320,12 +320,9 @@ class UnitCopies:
         group's copies take from one table per earlier unit, not one per launch group."""
         out = self.merge(np.zeros(0, np.int64), self._schema.empty_table(), last=True)
         if self._computed:
-            rows = np.concatenate([unique for unique, _ in self._computed])
-            offsets = np.cumsum([0] + [block.table.num_rows for _, block in self._computed[:-1]])
-            table = one_chunk([block.table for _, block in self._computed])
-            block = Block(table, np.concatenate([b.starts + o for (_, b), o in zip(self._computed, offsets)]),
-                          np.concatenate([b.stops + o for (_, b), o in zip(self._computed, offsets)]))
-            self.cache.add(next(BLOCK_IDS), block, [self.hashes[r] for r in rows.tolist()], table.nbytes)
+            rows, block = Block.of_rows(np.concatenate([rows for rows, _ in self._computed]),
+                                        one_chunk([table for _, table in self._computed]))
+            self.cache.add(next(BLOCK_IDS), block, [self.hashes[r] for r in rows.tolist()], block.table.nbytes)
             self._computed = []
         return out
 
