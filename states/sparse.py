@@ -22,6 +22,7 @@ from states.interface import Pack
 from states.modules import load_linear
 from states.pipeline import Pipeline
 from states.ragged import Ragged
+from states.segment_max import segment_max_
 
 POOLING_STRATEGIES = ("max", "sum")
 ACTIVATIONS = ("relu", "log1p_relu")
@@ -69,24 +70,23 @@ class SpladeHead(nn.Module):
         """hidden (T, H), cu_seqlens (B+1,) -> pooled SPLADE weights (B, V) float32, >= 0.
 
         Both activations are monotone, so the max of the activated logits is the activation
-        of the max logit (exactly): with max pooling each chunk only takes a running max of
-        the raw logits, in the model's dtype, and the activation runs once on (B, V)."""
+        of the max logit (exactly): with max pooling each chunk only folds its raw logits
+        into a running max per row (`segment_max_`), and the activation runs once on (B, V)."""
         lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()  # (B,)
-        seg = torch.repeat_interleave(torch.arange(lengths.numel(), device=hidden.device), lengths,
-                                      output_size=hidden.shape[0])  # (T,)
+        seg = torch.repeat_interleave(torch.arange(lengths.numel(), device=hidden.device, dtype=torch.int32),
+                                      lengths, output_size=hidden.shape[0])  # (T,)
         pooled = None
         for start in range(0, hidden.shape[0], CHUNK_TOKENS):
             logits = self.head(hidden[start:start + CHUNK_TOKENS])  # (c, V)
-            rows = seg[start:start + CHUNK_TOKENS, None]  # (c, 1)
+            rows = seg[start:start + CHUNK_TOKENS]  # (c,)
             if self.strategy == "max":
                 if pooled is None:
-                    pooled = torch.full((lengths.numel(), logits.shape[1]), float("-inf"), dtype=logits.dtype,
-                                        device=logits.device)  # (B, V)
-                pooled.scatter_reduce_(0, rows.expand_as(logits), logits, reduce="amax")
+                    pooled = torch.full((lengths.numel(), logits.shape[1]), float("-inf"), device=logits.device)  # (B, V)
+                segment_max_(pooled, logits, rows)
             else:
                 w = self._activate(logits)
                 pooled = torch.zeros(lengths.numel(), w.shape[1], device=w.device) if pooled is None else pooled
-                pooled.index_add_(0, rows[:, 0], w)
+                pooled.index_add_(0, rows, w)
         return self._activate(pooled) if self.strategy == "max" else pooled
 
     def settings(self) -> dict:
