@@ -45,7 +45,7 @@ if triton is not None:
 
 def segment_max_(out: torch.Tensor, values: torch.Tensor, seg: torch.Tensor, use_triton: bool | None = None) -> None:
     """out (B, W) float32 <- max(out, max of values' rows per segment); values (t, W) in any
-    float dtype; seg (t,) int32, each row's segment (row of `out`), nondecreasing.
+    float dtype, rows of any stride; seg (t,) int32, each row's segment (row of `out`), nondecreasing.
 
     `out` starts at -inf for a plain max. `use_triton` None takes the kernel wherever it can
     run (CUDA tensors with Triton installed); False forces the scatter path (tests, benches)."""
@@ -57,7 +57,9 @@ def segment_max_(out: torch.Tensor, values: torch.Tensor, seg: torch.Tensor, use
         return
     if values.shape[0] == 0:
         return
-    values, seg = values.contiguous(), seg.to(torch.int32).contiguous()
+    if values.stride(1) != 1:
+        values = values.contiguous()
+    seg = seg.to(torch.int32).contiguous()
     grid = (triton.cdiv(values.shape[0], BLOCK_T), triton.cdiv(values.shape[1], BLOCK_V))
     _segment_max_kernel[grid](values, seg, out, values.shape[0], values.shape[1], values.stride(0), out.stride(0),
                               BLOCK_T=BLOCK_T, BLOCK_V=BLOCK_V)

@@ -28,6 +28,7 @@ POOLING_STRATEGIES = ("max", "sum")
 ACTIVATIONS = ("relu", "log1p_relu")
 ID_STRIDE = 1 << 31  # (row, token id) sort keys: row * ID_STRIDE + id
 CHUNK_TOKENS = 2048  # tokens whose logits are computed at once: (CHUNK_TOKENS, vocabulary) float32
+VOCAB_ALIGN = 64  # the logits' row length is padded to this many columns (128-byte rows in bf16)
 
 
 def mlm_head(model: nn.Module) -> nn.Module:
@@ -55,10 +56,36 @@ def splade_settings(config: dict) -> tuple[str, str]:
     return strategy, activation
 
 
+def align_vocabulary(head: nn.Module) -> int:
+    """Pads the head's vocabulary projection (its widest `nn.Linear`) in place to a multiple
+    of `VOCAB_ALIGN` outputs (zero weights and bias) and returns the true vocabulary size:
+    the head's logits then have the first that many columns of rows `VOCAB_ALIGN`-aligned.
+
+    Why: a vocabulary such as BERT's 30,522 makes each logits row 61,044 bytes, which no
+    16-byte-aligned GEMM kernel can write, and cuBLAS falls back to kernels several times
+    slower; the padded columns are never read."""
+    name, linear = max(((n, m) for n, m in head.named_modules() if isinstance(m, nn.Linear)),
+                       key=lambda item: item[1].out_features)
+    vocab = linear.out_features
+    width = -(-vocab // VOCAB_ALIGN) * VOCAB_ALIGN
+    if width != vocab:
+        padded = nn.Linear(linear.in_features, width, bias=True, device=linear.weight.device, dtype=linear.weight.dtype)
+        with torch.no_grad():
+            padded.weight.zero_()
+            padded.bias.zero_()
+            padded.weight[:vocab] = linear.weight
+            if linear.bias is not None:
+                padded.bias[:vocab] = linear.bias
+        parent, _, attr = name.rpartition(".")
+        setattr(head.get_submodule(parent) if parent else head, attr, padded)
+    return vocab
+
+
 class SpladeHead(nn.Module):
     def __init__(self, head: nn.Module, config: dict, top_k: int | None = None, threshold: float | None = None) -> None:
         super().__init__()
         self.head = head
+        self.vocab = align_vocabulary(head)
         self.strategy, self.activation = splade_settings(config)
         self.top_k, self.threshold = top_k, threshold
 
@@ -77,7 +104,7 @@ class SpladeHead(nn.Module):
                                       lengths, output_size=hidden.shape[0])  # (T,)
         pooled = None
         for start in range(0, hidden.shape[0], CHUNK_TOKENS):
-            logits = self.head(hidden[start:start + CHUNK_TOKENS])  # (c, V)
+            logits = self.head(hidden[start:start + CHUNK_TOKENS])[:, :self.vocab]  # (c, V), rows padded
             rows = seg[start:start + CHUNK_TOKENS]  # (c,)
             if self.strategy == "max":
                 if pooled is None:
