@@ -71,6 +71,25 @@ def test_sparse_top_k_and_threshold(splade):
     assert '"top_k": 10' in runtime.provenance()["sparse"]
 
 
+def test_split_decoder_keeps_the_logits_and_refuses_work_after_the_projection():
+    """The head split for the fused max pooling computes the same logits (padded columns
+    dropped); a head that transforms its logits after the projection is refused, not run
+    without that step."""
+    from states.sparse import VOCAB_ALIGN, split_decoder
+
+    torch.manual_seed(0)
+    head = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.GELU(), torch.nn.Linear(16, 1001))
+    hidden = torch.randn(5, 16)
+    want = head(hidden)
+    transform, decoder, vocab = split_decoder(head)
+    assert vocab == 1001 and decoder.out_features % VOCAB_ALIGN == 0
+    torch.testing.assert_close(decoder(transform(hidden))[:, :vocab], want, rtol=0, atol=1e-6)
+    assert not decoder(transform(hidden))[:, vocab:].any()
+    capped = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 1001), torch.nn.Tanh())
+    with pytest.raises(ModelLoadError, match="after its vocabulary projection"):
+        split_decoder(capped)
+
+
 def test_dense_and_sparse_from_one_forward(splade):
     both = Runtime(ModelOptions(model=str(splade), device="cpu", outputs="dense,sparse", pooling="mean"))
     sparse = Runtime(ModelOptions(model=str(splade), device="cpu"))
