@@ -3,9 +3,8 @@
 `SpladeHead` does what sentence-transformers' `SpladePooling` does to a fill-mask model's
 logits (`activation_function` relu: log(1 + relu(x)); log1p_relu: log(1 + log(1 + relu(x)));
 then `pooling_strategy` max or sum over each sequence's tokens), with the settings read from
-the module's saved config. A pack's (tokens x vocabulary) logits are never held at once: on
-CUDA the head's vocabulary projection runs fused with the max pooling (`linear_segment_max_`),
-elsewhere (and for sum pooling) on chunks of tokens; only (rows x vocabulary) pooled weights live on the
+the module's saved config. The MLM head runs on chunks of tokens (`LOGITS_PER_CHUNK` logits
+each) so a pack never holds (tokens x vocabulary) logits at once; only (rows x vocabulary) pooled weights live on the
 device, and only each row's nonzero (or top-k / above-threshold) weights, sorted by
 vocabulary index, go home as `Ragged` outputs `sparse_indices` and `sparse_values`.
 
@@ -23,12 +22,12 @@ from states.interface import Pack
 from states.modules import load_linear
 from states.pipeline import Pipeline
 from states.ragged import Ragged
-from states.segment_max import fuses, linear_segment_max_, segment_max_
+from states.segment_max import segment_max_
 
 POOLING_STRATEGIES = ("max", "sum")
 ACTIVATIONS = ("relu", "log1p_relu")
 ID_STRIDE = 1 << 31  # (row, token id) sort keys: row * ID_STRIDE + id
-CHUNK_TOKENS = 2048  # tokens whose logits are computed at once where the product is not fused
+LOGITS_PER_CHUNK = 1 << 27  # logits computed at once (256 MiB in bf16): 4,398 tokens of BERT's vocabulary
 VOCAB_ALIGN = 64  # the logits' row length is padded to this many columns (128-byte rows in bf16)
 
 
@@ -57,41 +56,36 @@ def splade_settings(config: dict) -> tuple[str, str]:
     return strategy, activation
 
 
-def split_decoder(head: nn.Module) -> tuple[nn.Module, nn.Linear, int]:
-    """(transform, decoder, vocabulary size): the head with its vocabulary projection (its
-    widest `nn.Linear`) replaced in place by `nn.Identity`, and that projection padded to a
-    multiple of `VOCAB_ALIGN` outputs (zero weights and bias); `decoder(transform(h))`'s
-    first `vocabulary size` columns are the head's logits.
+def align_vocabulary(head: nn.Module) -> int:
+    """Pads the head's vocabulary projection (its widest `nn.Linear`) in place to a multiple
+    of `VOCAB_ALIGN` outputs (zero weights and bias) and returns the true vocabulary size:
+    the head's logits then have the first that many columns of rows `VOCAB_ALIGN`-aligned.
 
-    Why split: the max pooling can then run the projection itself (fused with the max on
-    CUDA, `linear_segment_max_`). Why pad: a vocabulary such as BERT's 30,522 makes each
-    logits row 61,044 bytes, which no 16-byte-aligned GEMM kernel can write, and cuBLAS falls
-    back to kernels several times slower. A head that does more after the projection than
-    return it is refused: a probe through both forms must agree bit for bit."""
+    Why: a vocabulary such as BERT's 30,522 makes each logits row 61,044 bytes, which no
+    16-byte-aligned GEMM kernel can write, and cuBLAS falls back to kernels several times
+    slower; the padded columns are never read."""
     name, linear = max(((n, m) for n, m in head.named_modules() if isinstance(m, nn.Linear)),
                        key=lambda item: item[1].out_features)
-    vocab, width = linear.out_features, -(-linear.out_features // VOCAB_ALIGN) * VOCAB_ALIGN
-    probe = torch.randn(4, linear.in_features, device=linear.weight.device, dtype=linear.weight.dtype)
-    with torch.no_grad():
-        want = head(probe)
-        decoder = nn.Linear(linear.in_features, width, device=linear.weight.device, dtype=linear.weight.dtype)
-        decoder.weight.zero_()
-        decoder.bias.zero_()
-        decoder.weight[:vocab] = linear.weight
-        if linear.bias is not None:
-            decoder.bias[:vocab] = linear.bias
+    vocab = linear.out_features
+    width = -(-vocab // VOCAB_ALIGN) * VOCAB_ALIGN
+    if width != vocab:
+        padded = nn.Linear(linear.in_features, width, bias=True, device=linear.weight.device, dtype=linear.weight.dtype)
+        with torch.no_grad():
+            padded.weight.zero_()
+            padded.bias.zero_()
+            padded.weight[:vocab] = linear.weight
+            if linear.bias is not None:
+                padded.bias[:vocab] = linear.bias
         parent, _, attr = name.rpartition(".")
-        setattr(head.get_submodule(parent) if parent else head, attr, nn.Identity())
-        if want.shape[-1] != vocab or not torch.equal(decoder(head(probe))[:, :vocab], want):
-            raise ModelLoadError(f"the masked-language-model head {type(head).__name__} does more after its vocabulary "
-                                 f"projection ({name}) than return it; pooljobs's SPLADE pooling runs heads that end there")
-    return head, decoder, vocab
+        setattr(head.get_submodule(parent) if parent else head, attr, padded)
+    return vocab
 
 
 class SpladeHead(nn.Module):
     def __init__(self, head: nn.Module, config: dict, top_k: int | None = None, threshold: float | None = None) -> None:
         super().__init__()
-        self.transform, self.decoder, self.vocab = split_decoder(head)
+        self.head = head
+        self.vocab = align_vocabulary(head)
         self.strategy, self.activation = splade_settings(config)
         self.top_k, self.threshold = top_k, threshold
 
@@ -103,30 +97,25 @@ class SpladeHead(nn.Module):
         """hidden (T, H), cu_seqlens (B+1,) -> pooled SPLADE weights (B, V) float32, >= 0.
 
         Both activations are monotone, so the max of the activated logits is the activation
-        of the max logit (exactly), and so is the max plus the bias: with max pooling the
-        raw products fold into a running max per row (fused with the product where
-        `linear_segment_max_` runs, else per chunk of logits through `segment_max_`), and the
-        bias and activation run once on (B, V)."""
-        rows = cu_seqlens.numel() - 1
+        of the max logit (exactly): with max pooling each chunk only folds its raw logits
+        into a running max per row (`segment_max_`), and the activation runs once on (B, V)."""
         lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()  # (B,)
-        seg = torch.repeat_interleave(torch.arange(rows, device=hidden.device, dtype=torch.int32),
+        seg = torch.repeat_interleave(torch.arange(lengths.numel(), device=hidden.device, dtype=torch.int32),
                                       lengths, output_size=hidden.shape[0])  # (T,)
-        states = self.transform(hidden)  # (T, H)
-        weight, bias = self.decoder.weight[:self.vocab], self.decoder.bias[:self.vocab]  # (V, H), (V,)
-        if self.strategy == "max":
-            pooled = torch.full((rows, self.vocab), float("-inf"), device=hidden.device)  # (B, V)
-            if fuses(states, weight):
-                linear_segment_max_(pooled, states, weight, seg)
+        pooled = None
+        chunk = max(1, LOGITS_PER_CHUNK // self.vocab)
+        for start in range(0, hidden.shape[0], chunk):
+            logits = self.head(hidden[start:start + chunk])[:, :self.vocab]  # (c, V), rows padded
+            rows = seg[start:start + chunk]  # (c,)
+            if self.strategy == "max":
+                if pooled is None:
+                    pooled = torch.full((lengths.numel(), logits.shape[1]), float("-inf"), device=logits.device)  # (B, V)
+                segment_max_(pooled, logits, rows)
             else:
-                for start in range(0, states.shape[0], CHUNK_TOKENS):
-                    products = nn.functional.linear(states[start:start + CHUNK_TOKENS], self.decoder.weight)
-                    segment_max_(pooled, products[:, :self.vocab], seg[start:start + CHUNK_TOKENS])
-            return self._activate(pooled + bias.float())
-        pooled = torch.zeros(rows, self.vocab, device=hidden.device)
-        for start in range(0, states.shape[0], CHUNK_TOKENS):
-            pooled.index_add_(0, seg[start:start + CHUNK_TOKENS],
-                              self._activate(self.decoder(states[start:start + CHUNK_TOKENS])[:, :self.vocab]))
-        return pooled
+                w = self._activate(logits)
+                pooled = torch.zeros(lengths.numel(), w.shape[1], device=w.device) if pooled is None else pooled
+                pooled.index_add_(0, rows, w)
+        return self._activate(pooled) if self.strategy == "max" else pooled
 
     def settings(self) -> dict:
         """What determines the values (the job's provenance)."""

@@ -46,9 +46,10 @@ def _compute(runtime: Runtime, texts: list[str]) -> dict:
 def test_sparse_matches_sparse_encoder(tmp_path, monkeypatch, execution, strategy, activation):
     from sentence_transformers import SparseEncoder
 
-    monkeypatch.setattr("states.sparse.CHUNK_TOKENS", 7)  # sequences straddle the MLM head's token chunks
     path = save_splade(tmp_path / "splade", strategy, activation)
     runtime = Runtime(ModelOptions(model=str(path), device="cpu", execution=execution))
+    # chunks of 7 tokens: sequences straddle the MLM head's chunks
+    monkeypatch.setattr("states.sparse.LOGITS_PER_CHUNK", 7 * runtime.sparse.vocab)
     assert runtime.outputs == ("sparse",) and runtime.ragged == {"sparse_indices", "sparse_values"}
     out = _compute(runtime, TEXTS)
     want = SparseEncoder(str(path), device="cpu").encode(TEXTS, convert_to_tensor=True).to_dense().numpy()
@@ -71,23 +72,19 @@ def test_sparse_top_k_and_threshold(splade):
     assert '"top_k": 10' in runtime.provenance()["sparse"]
 
 
-def test_split_decoder_keeps_the_logits_and_refuses_work_after_the_projection():
-    """The head split for the fused max pooling computes the same logits (padded columns
-    dropped); a head that transforms its logits after the projection is refused, not run
-    without that step."""
-    from states.sparse import VOCAB_ALIGN, split_decoder
+def test_align_vocabulary_pads_the_projection_and_keeps_the_logits():
+    """The head's vocabulary projection is padded to aligned rows in place; its first
+    `vocab` columns are the logits as saved and the padded ones are zeros."""
+    from states.sparse import VOCAB_ALIGN, align_vocabulary
 
     torch.manual_seed(0)
     head = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.GELU(), torch.nn.Linear(16, 1001))
     hidden = torch.randn(5, 16)
     want = head(hidden)
-    transform, decoder, vocab = split_decoder(head)
-    assert vocab == 1001 and decoder.out_features % VOCAB_ALIGN == 0
-    torch.testing.assert_close(decoder(transform(hidden))[:, :vocab], want, rtol=0, atol=1e-6)
-    assert not decoder(transform(hidden))[:, vocab:].any()
-    capped = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 1001), torch.nn.Tanh())
-    with pytest.raises(ModelLoadError, match="after its vocabulary projection"):
-        split_decoder(capped)
+    assert align_vocabulary(head) == 1001 and head[2].out_features % VOCAB_ALIGN == 0
+    got = head(hidden)
+    torch.testing.assert_close(got[:, :1001], want, rtol=0, atol=1e-6)
+    assert not got[:, 1001:].any()
 
 
 def test_dense_and_sparse_from_one_forward(splade):
