@@ -35,7 +35,7 @@ from states.ragged import Ragged
 from workers.assemble import errors_table, in_input_order, part_values, shard_part
 from workers import batching, storage
 from workers.batching import MAX_SEQS_PER_PACK, WindowStream, launch_groups
-from workers.dedup import OutputCache, PreviousOutput, UnitCopies
+from workers.dedup import HASH_ALGORITHM, OutputCache, PreviousOutput, UnitCopies
 from workers.feed import UnitInput, feed_unit
 from workers.options import UnitOptions
 from workers.packing import PackPlan, build_pack, plan_packs
@@ -172,7 +172,7 @@ class UnitRunner:
                          "output_dtype": options.output_dtype, "overlong": options.overlong,
                          "chunk_stride": str(options.chunk_stride), "chunk_aggregate": options.chunk_aggregate,
                          "pairs": str(options.pair_column is not None),
-                         "model_sha256": model_sha256 or runtime.fingerprint()}
+                         "model_sha256": model_sha256 or runtime.fingerprint(), "content_hash": HASH_ALGORITHM}
         # Rows this worker computed, for later units' copies (`workers.dedup`).
         self.cache = OutputCache(options.dedup_cache_mb << 20) if options.dedup else None
         self._schema_metadata = {"pooljobs": json.dumps(self.metadata)}  # every shard's Parquet metadata

@@ -214,18 +214,24 @@ def test_reuse_refused_for_another_option(model, corpus, deduped, tmp_path, caps
     assert report["rows_reused"] == 0 and "nothing reused" in capsys.readouterr().err
 
 
-def test_reuse_refused_by_a_shard_written_otherwise(model, corpus, deduped, tmp_path):
+@pytest.mark.parametrize("setting, value, why", [
+    ("dtype", "bfloat16", "dtype: 'bfloat16' there, 'float32' here"),
+    # a shard hashed otherwise (BLAKE2b, before `content_hash` was recorded): its hashes never match
+    ("content_hash", None, "content_hash: None there, 'xxh3-128' here"),
+])
+def test_reuse_refused_by_a_shard_written_otherwise(model, corpus, deduped, tmp_path, setting, value, why):
     """The workers compare each previous shard's resolved provenance: a shard stamped
-    with another dtype lends nothing, and the report names the unit and the setting."""
+    with another dtype, or content hashes of another algorithm, lends nothing, and the
+    report names the unit and the setting."""
     previous = tmp_path / "previous"
     run(spec(model, corpus, previous))
     shard = sorted((previous / "data").glob("*.parquet"))[0]
     table = pq.read_table(shard)
     stamp = json.loads(table.schema.metadata[b"pooljobs"])
-    stamp["dtype"] = "bfloat16"
-    pq.write_table(table.replace_schema_metadata({"pooljobs": json.dumps(stamp)}), shard)
+    stamp[setting] = value
+    pq.write_table(table.replace_schema_metadata({"pooljobs": json.dumps({k: v for k, v in stamp.items() if v is not None})}), shard)
     report = run(spec(model, corpus, tmp_path / "out", reuse=str(previous)))
-    assert report["reuse_refused"] == [{"unit": shard.stem, "why": "dtype: 'bfloat16' there, 'float32' here"}]
+    assert report["reuse_refused"] == [{"unit": shard.stem, "why": why}]
     assert_same_rows(tmp_path / "out", deduped[0])
 
 
