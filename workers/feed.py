@@ -21,7 +21,7 @@ from workers.batching import WindowCutter
 from workers.dedup import UnitCopies, content_hashes
 from workers.options import UnitOptions
 from workers.reader import Unit, read_unit_parts, text_column
-from workers.tokenize_pool import Pending, Tokenizing, part_table
+from workers.tokenize_pool import Pending, Tokenizing
 
 
 @dataclass
@@ -69,7 +69,7 @@ class WindowSender:
 
     def add(self, texts: list, pairs: list | None, compute: list[bool]) -> None:
         self.starts.append(self.rows)
-        self.parts.append(self.tokenizer.put(part_table(texts, pairs)))
+        self.parts.append(self.tokenizer.put(texts, pairs))
         self.usable.extend(self.rows + i for i, c in enumerate(compute) if c)
         self.rows += len(compute)
 

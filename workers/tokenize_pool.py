@@ -25,15 +25,23 @@ import pyarrow as pa
 from workers.tokenize import BatchTokenizer, EncodedWindow, TokenizerSpec, encode_window
 
 Pending = Future  # of an EncodedWindow
-Segment = tuple[Any, np.ndarray]  # (a part: its table, or the object store's reference to it; (k,) int64 rows within it)
+Texts = tuple[list[str | None], list[str | None] | None]  # a read part's texts (None: unusable) and pairs
+Segment = tuple[Any, np.ndarray]  # (a part as `put` returned it; (k,) int64 rows within it)
 
 
 def part_table(texts: list[str | None], pairs: list[str | None] | None) -> pa.Table:
-    """A read part's texts (None for unusable rows), and pairs, as `put` takes them."""
+    """A read part's texts (None for unusable rows), and pairs, as a table for the tasks."""
     columns = {"text": pa.array(texts, pa.large_string())}
     if pairs is not None:
         columns["pair"] = pa.array(pairs, pa.large_string())
     return pa.table(columns)
+
+
+def _encode_lists(tokenize: BatchTokenizer, rows: np.ndarray, segments: list[Segment]) -> EncodedWindow:
+    """Tokenize the window whose texts are `segments`' rows (parts as `Texts`), in order."""
+    texts = [part[0][i] for part, local in segments for i in local.tolist()]
+    pairs = None if segments[0][0][1] is None else [part[1][i] for part, local in segments for i in local.tolist()]
+    return encode_window(tokenize, rows, texts, pairs)
 
 
 def _encode_parts(tokenize: BatchTokenizer, rows: np.ndarray, segments: list[Segment]) -> EncodedWindow:
@@ -50,12 +58,12 @@ class ThreadTokenizer:
         self.tokenize = spec.build()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize")
 
-    def put(self, part: pa.Table) -> pa.Table:
-        return part
+    def put(self, texts: list[str | None], pairs: list[str | None] | None) -> Texts:
+        return texts, pairs
 
     def submit(self, rows: np.ndarray, segments: list[Segment]) -> Pending:
         """Tokenize window `rows`, whose texts are `segments` (their rows in order)."""
-        return self._pool.submit(_encode_parts, self.tokenize, rows, segments)
+        return self._pool.submit(_encode_lists, self.tokenize, rows, segments)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -107,11 +115,11 @@ class RayTokenizer:
                              runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})  # merged into the job's
         self._task = ray.remote(_encode_task).options(**self._options)
 
-    def put(self, part: pa.Table):
-        """The part in the object store, once for all its windows' tasks."""
+    def put(self, texts: list[str | None], pairs: list[str | None] | None):
+        """The part as a table in the object store, once for all its windows' tasks."""
         import ray
 
-        return ray.put(part)
+        return ray.put(part_table(texts, pairs))
 
     def submit(self, rows: np.ndarray, segments: list[Segment]) -> Pending:
         """Tokenize window `rows` in a task, whose texts are `segments` (their rows in order)."""
@@ -129,7 +137,7 @@ class RayTokenizer:
 
         free = max(1, int(ray.available_resources().get("CPU", 1)))
         warm = ray.remote(_warm_task).options(**self._options)
-        segments = [(self.put(part_table(["pooljobs warm-up"], None)), np.zeros(1, np.int64))]
+        segments = [(self.put(["pooljobs warm-up"], None), np.zeros(1, np.int64))]
         for _ in range(rounds):
             if len(set(ray.get([warm.remote(self.key, [self._spec_ref], segments, 1.0) for _ in range(free)]))) == free:
                 return
@@ -138,4 +146,4 @@ class RayTokenizer:
         pass
 
 
-Tokenizing = ThreadTokenizer | RayTokenizer  # put a part's texts, submit a window's rows, close
+Tokenizing = ThreadTokenizer | RayTokenizer  # put a part's texts and pairs, submit a window's rows, close

@@ -89,9 +89,7 @@ def test_warm_up_builds_the_tokenizer_in_task_processes(ray_instances, make_spec
 
     probe = ray.remote(has_tokenizer).options(**runner.tokenizer._options)
     assert all(ray.get([probe.remote(runner.tokenizer.key) for _ in range(free)]))
-    from workers.tokenize_pool import part_table
-
-    part = runner.tokenizer.put(part_table(["alpha beta", ""], None))
+    part = runner.tokenizer.put(["alpha beta", ""], None)
     window = runner.tokenizer.submit(np.arange(2), [(part, np.arange(2))]).result()
     assert window.kept.tolist() == [0, 1] and window.encoded.lengths.tolist()[1] == 2  # [CLS] [SEP] only
 
@@ -101,13 +99,12 @@ def test_warm_up_task_tokenizes_a_window_through_the_task_path(ray_instances, ma
     object store), not only builds the tokenizer: with only the tokenizer built, a first
     run's first windows took 0.3-0.5 s each in their tasks on the H200."""
     import workers.tokenize_pool as pool
-    from workers.tokenize_pool import part_table
 
     ray_instances.get("local")
     tokenizer = UnitRunner(*runner_args(make_spec(tmp_path, backend="local", tokenize_in="tasks"))).tokenizer
     windows, encode = [], pool._encode_task
     monkeypatch.setattr(pool, "_encode_task", lambda *args: windows.append(encode(*args)) or windows[-1])
-    segments = [(tokenizer.put(part_table(["pooljobs warm-up"], None)), np.zeros(1, np.int64))]
+    segments = [(tokenizer.put(["pooljobs warm-up"], None), np.zeros(1, np.int64))]
     pool._warm_task(tokenizer.key, [tokenizer._spec_ref], segments, 0.0)
     assert len(windows) == 1 and windows[0].kept.tolist() == [0] and windows[0].tokens > 2
 
