@@ -1,11 +1,11 @@
 """Each model input computed once: rows whose input repeats are copied, not recomputed.
 
 A row's *content hash* (`content_hashes`, XXH3-128 over its text, or its text and pair;
-`HASH_ALGORITHM`, recorded in every shard's provenance) is taken where the row is read, and every shard stores it (`HASH_COLUMN`), so
-any output can serve a later job as its previous one. The options that change a model
-input or its output (prompt, max_length, dtype, ...) are the same for every row of a job,
-so they are not hashed per row: they are the shard's provenance, and reuse across jobs
-compares it (`refusal`).
+`HASH_ALGORITHM`, recorded in every shard's provenance) is taken where the row is read,
+and every shard stores it (`HASH_COLUMN`), so any output can serve a later job as its
+previous one. The options that change a model input or its output (prompt, max_length,
+dtype, ...) are the same for every row of a job, so they are not hashed per row: they are
+the shard's provenance, and reuse across jobs compares it (`refusal`).
 
 While a unit is read (`UnitCopies.classify`, on the feed thread) each usable row is
 - a copy of an earlier row of the unit with the same hash (its *owner*, the first one),
@@ -43,9 +43,9 @@ from workers import storage
 
 HASH_COLUMN = "content_hash"
 HASH_TYPE = pa.binary(16)
-# XXH3-128, as datasets' fingerprints and datatrove's exact dedup use: the feed thread hashes
-# every row of a job while holding the GIL (hashlib releases it only above 2 KiB), and
-# BLAKE2b cost four times as much per row. Shards record it; reuse refuses other algorithms.
+# XXH3-128, as datasets' fingerprints and datatrove's exact dedup use, rather than BLAKE2b:
+# the feed thread hashes every row of a job while holding the GIL (hashlib releases it only
+# above 2 KiB), so its cost per row is the job's. Shards record it; reuse refuses other algorithms.
 HASH_ALGORITHM = "xxh3-128"
 _SINGLE, _PAIR = 0, 1  # seeds: a text never hashes as a pair
 # Provenance that does not change what an output means: numerics of the same computation

@@ -39,9 +39,10 @@ def part_table(texts: list[str | None], pairs: list[str | None] | None) -> pa.Ta
 
 def _encode_lists(tokenize: BatchTokenizer, rows: np.ndarray, segments: list[Segment]) -> EncodedWindow:
     """Tokenize the window whose texts are `segments`' rows (parts as `Texts`), in order."""
-    texts = [part[0][i] for part, local in segments for i in local.tolist()]
-    pairs = None if segments[0][0][1] is None else [part[1][i] for part, local in segments for i in local.tolist()]
-    return encode_window(tokenize, rows, texts, pairs)
+    def column(k: int) -> list:
+        return [part[k][i] for part, local in segments for i in local.tolist()]
+
+    return encode_window(tokenize, rows, column(0), None if segments[0][0][1] is None else column(1))
 
 
 def _encode_parts(tokenize: BatchTokenizer, rows: np.ndarray, segments: list[Segment]) -> EncodedWindow:
