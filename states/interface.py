@@ -39,6 +39,22 @@ class Pack:
         ids = torch.tensor([t for s in sequences for t in s], dtype=torch.int64)
         return cls(ids, positions, None, cu, int(lengths.max()))
 
+    @classmethod
+    def from_flat(cls, flat: torch.Tensor, tokens: int, seqs: int, typed: bool, max_len: int) -> Pack:
+        """A pack whose fields are views into one int64 buffer of at least `flat_size` words:
+        ids, positions, [types,] then `cu_seqlens` as int32 pairs in the last words. One
+        buffer moves to the device in one copy, and the views are rebuilt there alike."""
+        field = lambda i: flat[i * tokens : (i + 1) * tokens]  # noqa: E731
+        words = 3 if typed else 2
+        cu = flat[words * tokens : words * tokens + (seqs + 2) // 2].view(torch.int32)[: seqs + 1]
+        ids, positions, types = field(0), field(1), field(2) if typed else None
+        return cls(ids, positions, types, cu, max_len)
+
+    @staticmethod
+    def flat_size(tokens: int, seqs: int, typed: bool) -> int:
+        """int64 words of a `from_flat` buffer."""
+        return (3 if typed else 2) * tokens + (seqs + 2) // 2
+
     @property
     def num_seqs(self) -> int:
         return self.cu_seqlens.numel() - 1

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from states.interface import Pack
-from workers.tokenize import Encoded
+from workers.encoded import Encoded, gather_index
 
 
 @dataclass
@@ -41,16 +41,26 @@ def plan_packs(lengths: np.ndarray, max_tokens: int, max_seqs: int, packed: bool
     return plans
 
 
-def build_pack(encoded: Encoded, plan: PackPlan) -> Pack:
-    """The planned sequences as a CPU `Pack` (a vectorized gather; no per-row Python)."""
-    picked = encoded.select(plan.rows)
-    lengths = picked.lengths  # (B,)
-    positions = np.arange(len(picked.ids), dtype=np.int64) - np.repeat(picked.offsets[:-1], lengths)  # (T,)
-    types = None if picked.type_ids is None else torch.from_numpy(picked.type_ids.astype(np.int64))
-    return Pack(
-        input_ids=torch.from_numpy(picked.ids.astype(np.int64)),
-        position_ids=torch.from_numpy(positions),
-        token_type_ids=types,
-        cu_seqlens=torch.from_numpy(picked.offsets.astype(np.int32)),
-        max_len=int(lengths.max()),
-    )
+def pack_size(encoded: Encoded, plan: PackPlan) -> int:
+    """int64 words of the planned pack's buffer (`Pack.flat_size`)."""
+    tokens = int(encoded.lengths[plan.rows].sum())
+    return Pack.flat_size(tokens, len(plan.rows), encoded.type_ids is not None)
+
+
+def build_pack(encoded: Encoded, plan: PackPlan, into: torch.Tensor | None = None) -> Pack:
+    """The planned sequences as a CPU `Pack` whose fields are views of one int64 buffer
+    (`Pack.from_flat`): `into` (at least `pack_size` words, e.g. reused pinned memory) or
+    a new one. A vectorized gather; no per-row Python."""
+    lengths = encoded.lengths[plan.rows]  # (B,)
+    tokens, typed = int(lengths.sum()), encoded.type_ids is not None
+    flat = torch.empty(Pack.flat_size(tokens, len(lengths), typed), dtype=torch.int64) if into is None else into
+    pack = Pack.from_flat(flat, tokens, len(lengths), typed, int(lengths.max()))
+    index = gather_index(encoded.offsets[:-1][plan.rows], lengths)
+    pack.input_ids.numpy()[:] = encoded.ids[index]
+    cu = pack.cu_seqlens.numpy()
+    cu[0] = 0
+    np.cumsum(lengths, out=cu[1:])
+    np.subtract(np.arange(tokens, dtype=np.int64), np.repeat(cu[:-1], lengths), out=pack.position_ids.numpy())
+    if typed:
+        pack.token_type_ids.numpy()[:] = encoded.type_ids[index]
+    return pack

@@ -40,6 +40,7 @@ from workers.feed import UnitInput, feed_unit
 from workers.options import UnitOptions
 from workers.packing import PackPlan, build_pack, plan_packs
 from workers.reader import Unit
+from workers.staging import PinnedStaging
 from workers.tokenize import REFERENCE, Encoded, EncodedWindow
 from workers.tokenize_pool import RayTokenizer, ThreadTokenizer, Tokenizing
 from workers.tokenizer_choice import choose_tokenizer
@@ -160,6 +161,7 @@ class UnitRunner:
         self.tokenizer = self._tokenizer()
         self._rows_checked = False
         self.max_tokens = options.max_tokens or runtime.token_budget()
+        self._staging = PinnedStaging(runtime.device) if runtime.device.type == "cuda" else None
         self.worker = f"{socket.gethostname()}:{runtime.device}"
         self._order = threading.Lock()  # feeds and device turns are handed out in one order
         self._last_turn = threading.Event()  # set when the latest unit has queued all its packs
@@ -327,11 +329,9 @@ class UnitRunner:
         """Launch one pack (asynchronously on CUDA); on out-of-memory, halve the budget
         and split the pack."""
         with record_function("pooljobs.pack"):
-            pack = build_pack(encoded, plan)
-            if self.runtime.device.type == "cuda":
-                pack = pack.pin_memory()
+            pack = build_pack(encoded, plan) if self._staging is None else self._staging.stage(encoded, plan)
         try:
-            return [(plan.rows, self.runtime.compute(pack.to(self.runtime.device, non_blocking=True)))]
+            return [(plan.rows, self.runtime.compute(pack))]
         except torch.OutOfMemoryError:
             if len(plan.rows) == 1:
                 raise

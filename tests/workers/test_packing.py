@@ -2,12 +2,13 @@
 
 import numpy as np
 import pytest
+import torch
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
 from tokenizers.processors import TemplateProcessing
 
-from workers.packing import build_pack, plan_packs
+from workers.packing import build_pack, pack_size, plan_packs
 from workers.tokenize import Encoded, gather_index
 
 
@@ -60,6 +61,26 @@ def test_build_pack_layout():
     assert pack.cu_seqlens.tolist() == [0, 3, 5, 6]
     assert pack.token_type_ids.tolist() == [0, 0, 0, 0, 0, 1]
     assert pack.max_len == 3
+
+
+@pytest.mark.parametrize("typed", [False, True])
+@pytest.mark.parametrize("count", [1, 2, 7])
+def test_pack_built_into_a_reused_buffer_is_the_same_pack(typed, count):
+    rng = np.random.default_rng(count)
+    seqs = [rng.integers(0, 100, rng.integers(1, 9)).tolist() for _ in range(count)]
+    enc = encoded(seqs, [[i % 2] * len(s) for i, s in enumerate(seqs)] if typed else None)
+    plan = plan_packs(enc.lengths, 100, 10)[0]
+    fresh = build_pack(enc, plan)
+    buffer = torch.full((pack_size(enc, plan) + 5,), -7, dtype=torch.int64)  # stale contents, room to spare
+    reused = build_pack(enc, plan, buffer)
+    for name in ("input_ids", "position_ids", "token_type_ids", "cu_seqlens"):
+        a, b = getattr(fresh, name), getattr(reused, name)
+        assert (a is None) == (b is None) == (name == "token_type_ids" and not typed)
+        if a is not None:
+            assert a.dtype == b.dtype and a.tolist() == b.tolist()
+            assert b.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()  # views, no copies
+    assert reused.cu_seqlens.dtype == torch.int32 and reused.cu_seqlens.tolist()[-1] == sum(map(len, seqs))
+    assert buffer[pack_size(enc, plan):].tolist() == [-7] * 5  # nothing written past the pack
 
 
 def test_texts_without_tokens_are_dropped_and_named():
