@@ -1,11 +1,17 @@
 """Turning output tensors into Arrow columns and committing Parquet files atomically.
 
 A shard is serialized as its rows arrive (a row group whenever enough have gathered, so
-a unit's last window is all that is left to encode when the device is done) and hashed
-on the way out: to a hidden temp file renamed on commit on local disks, to memory put as
-one object on commit on object stores. A reader therefore sees a shard whole or not at
-all, its checksum is of exactly the bytes stored, and committing the last unit (on the
-critical path at the end of a job) no longer hashes and writes the whole file then.
+a unit's last window is all that is left to encode when the device is done): to a hidden
+temp file renamed on commit on local disks, to memory put as one object on commit on
+object stores. A reader therefore sees a shard whole or not at all, and its checksum is
+of exactly the bytes stored.
+
+Parquet writes straight into Arrow's native stream, never through a Python file object:
+the encoder calls its sink once per page and header, and a Python sink takes the GIL for
+each call, which the worker's feed, tokenizing and launching threads hold most of the time
+(`python -m bench.host` shows the cost). The checksum is taken per row group from the
+bytes written (read back from the temp file, GIL released), so committing the last unit
+hashes only its last row group and the footer.
 """
 
 from __future__ import annotations
@@ -78,34 +84,6 @@ def _is_vector(kind: pa.DataType) -> bool:
     return pa.types.is_fixed_size_list(kind) or pa.types.is_list(kind)
 
 
-class _HashingFile:
-    """A write-only file object for `pq.ParquetWriter`: sha256s the bytes on their way to `out`."""
-
-    closed = False
-
-    def __init__(self, out: AtomicFile) -> None:
-        self.out, self.sha256, self.size = out, hashlib.sha256(), 0
-
-    def write(self, data) -> int:
-        view = memoryview(data)
-        self.sha256.update(view)  # releases the GIL on large buffers
-        self.out.write(view)
-        self.size += view.nbytes
-        return view.nbytes
-
-    def tell(self) -> int:
-        return self.size
-
-    def writable(self) -> bool:
-        return True
-
-    def flush(self) -> None:
-        pass
-
-    def close(self) -> None:
-        self.closed = True
-
-
 class ShardWriter:
     """One Parquet file, written row group by row group (to a local temp file, or to
     memory for object stores), stored on `commit`; `abort` leaves nothing behind.
@@ -117,7 +95,6 @@ class ShardWriter:
     def __init__(self, uri: str, storage_options: dict | None = None, row_group_bytes: int = ROW_GROUP_BYTES) -> None:
         self.uri, self.storage_options, self.row_group_bytes = uri, storage_options, row_group_bytes
         self._atomic: AtomicFile | None = None  # opened with the first row group
-        self._file: _HashingFile | None = None
         self._writer: pq.ParquetWriter | None = None
         self._schema: pa.Schema | None = None
         self._pending: list[pa.Table] = []
@@ -141,34 +118,29 @@ class ShardWriter:
     def _flush(self) -> None:
         try:
             if self._writer is None:
-                self._open()
+                self._atomic = AtomicFile(self.uri, self.storage_options)
                 other = [f.name for f in self._schema if not _is_vector(f.type)]
                 self._writer = pq.ParquetWriter(
-                    pa.PythonFile(self._file, mode="w"), self._schema, use_dictionary=other, write_statistics=other,
+                    self._atomic.stream, self._schema, use_dictionary=other, write_statistics=other,
                     compression={f.name: "none" if _is_vector(f.type) else "lz4" for f in self._schema})
             if self._pending:
                 table = pa.concat_tables(self._pending)
                 self._writer.write_table(table, row_group_size=table.num_rows)
                 self._pending = []
+                self._atomic.hash_written()
         except (OSError, pa.ArrowException) as e:  # e.g. a full disk, named with the shard
             raise OSError(f"cannot write {self.uri}: {e}") from e
 
-    def _open(self) -> None:
-        self._atomic = AtomicFile(self.uri, self.storage_options)
-        self._file = _HashingFile(self._atomic)
-
     def commit(self) -> tuple[int, str]:
-        """Finish the file and store it atomically; (bytes, sha256). The bytes were hashed
-        and written as they were encoded, so only the last row group is left here."""
+        """Finish the file and store it atomically; (bytes, sha256)."""
         assert self._schema is not None, "a shard needs at least one write, empty or not"
         self._flush()
         try:
             self._writer.close()
-            self._atomic.commit()
+            return self._atomic.commit()
         except (OSError, pa.ArrowException) as e:
             self.abort()
             raise OSError(f"cannot write {self.uri}: {e}") from e
-        return self._file.size, self._file.sha256.hexdigest()
 
     def abort(self) -> None:
         """Drop the shard: close the writer and the file, leaving nothing behind."""
@@ -182,35 +154,65 @@ class ShardWriter:
 class AtomicFile:
     """A file that appears whole on `commit` or not at all (`abort`): on local disks a
     hidden temp file beside it, renamed on commit; on object stores memory, stored as
-    one object put on commit. Errors are the filesystem's; callers name the file."""
+    one object put on commit. `commit` gives (bytes, sha256) of exactly what was stored.
+    Errors are the filesystem's; callers name the file."""
+
+    HASH_CHUNK = 16 << 20
 
     def __init__(self, uri: str, storage_options: dict | None = None) -> None:
         self._fs, self._path = storage.resolve(uri, storage_options)
         self._tmp: str | None = None
+        self._sha256, self._hashed = hashlib.sha256(), 0
+        self._written: pa.NativeFile | None = None  # the temp file read back for hashing
         if storage.is_local(self._fs):
             parent, name = self._path.rsplit("/", 1)
             self._fs.create_dir(parent, recursive=True)
             self._tmp = f"{parent}/.{name}.{uuid.uuid4().hex}.tmp"  # hidden: datasets skip it
-            self._out = self._fs.open_output_stream(self._tmp)
+            self._out = self._fs.open_output_stream(self._tmp)  # unbuffered: bytes reach the file as written
         else:
             self._out = pa.BufferOutputStream()
+
+    @property
+    def stream(self) -> pa.NativeFile:
+        """The native output stream, for writers that write to it directly (no Python per write)."""
+        return self._out
 
     def write(self, data) -> None:
         self._out.write(data)
 
-    def commit(self) -> None:
+    def hash_written(self) -> None:
+        """Hash the bytes of the temp file written since the last call (local disks; in
+        memory everything is hashed on commit). Reads and hashing release the GIL."""
+        if self._tmp is None:
+            return
+        if self._written is None:
+            self._written = self._fs.open_input_file(self._tmp)
+        end = self._out.tell()
+        while self._hashed < end:
+            chunk = self._written.read_buffer(min(self.HASH_CHUNK, end - self._hashed))  # sequential, as written
+            self._sha256.update(chunk)
+            self._hashed += chunk.size
+
+    def commit(self) -> tuple[int, str]:
         if self._tmp is None:
             data = self._out.getvalue()
+            self._sha256.update(data)
             with self._fs.open_output_stream(self._path) as out:  # one object put (multipart commits on close)
                 out.write(data)
-            return
+            return data.size, self._sha256.hexdigest()
+        self.hash_written()
+        self._written.close()
         self._out.close()
         self._fs.move(self._tmp, self._path)
         self._tmp = None
+        return self._hashed, self._sha256.hexdigest()
 
     def abort(self) -> None:
         with contextlib.suppress(Exception):
             self._out.close()
+        if self._written is not None:
+            with contextlib.suppress(Exception):
+                self._written.close()
         if self._tmp is not None:
             with contextlib.suppress(OSError):
                 self._fs.delete_file(self._tmp)
