@@ -165,25 +165,27 @@ def test_oom_splits_the_pack_and_output_is_unchanged(make_spec, tmp_path, monkey
 
 
 def test_disk_error_names_the_path_and_rerun_resumes(make_spec, tmp_path, monkeypatch):
-    from workers.writer import ShardWriter
+    from workers.writer import AtomicFile
 
     spec = make_spec(tmp_path / "o", backend="local", max_retries=0)
-    real_open = ShardWriter._open
+    real_stream = AtomicFile.stream
 
-    def full_disk(shard):
-        real_open(shard)
-        if "part-00000-00001" in shard.uri:
-            def write(data):
-                raise OSError(28, "No space left on device")
-            shard._file.write = write
+    class FullDisk:
+        closed = False
 
-    monkeypatch.setattr(ShardWriter, "_open", full_disk)
+        def write(self, data):
+            raise OSError(28, "No space left on device")
+
+    def stream(atomic):  # the disk fills up under one shard's Parquet writer
+        return pa.PythonFile(FullDisk(), mode="w") if "part-00000-00001" in atomic._path else real_stream.fget(atomic)
+
+    monkeypatch.setattr(AtomicFile, "stream", property(stream))
     first = run_job(spec)
     assert list(first.failed) == ["part-00000-00001"]
     assert "part-00000-00001.parquet" in first.failed["part-00000-00001"] and "No space" in first.failed["part-00000-00001"]
     assert not (tmp_path / "o" / "_manifest" / "part-00000-00001.json").exists()
     assert not list((tmp_path / "o").glob(".*.tmp"))  # the failed shard's temp file is gone
-    monkeypatch.setattr(ShardWriter, "_open", real_open)
+    monkeypatch.setattr(AtomicFile, "stream", real_stream)
     second = run_job(spec)
     assert second.ok and second.report["units_run_now"] == 1
 
