@@ -121,7 +121,7 @@ def fingerprint(model_dir: Path, cached: bool = True) -> str:
     digest = _hash_files(model_dir, files)
     newest = max((max(s[2], s[3]) for s in stats), default=0)
     if stats == _stats(model_dir, files) and time.time_ns() - newest > RACY_SECONDS * 1e9:
-        _store(entry, {"model_dir": str(model_dir.resolve()), "files": stats, "sha256": digest})
+        store_cached(entry, {"model_dir": str(model_dir.resolve()), "files": stats, "sha256": digest})
     return digest
 
 
@@ -155,8 +155,9 @@ def _hash_files(model_dir: Path, files: list[Path]) -> str:
     return digest.hexdigest()
 
 
-def _store(entry: Path, record: dict) -> None:
-    """Write `record` atomically; a cache that cannot be written is only a cache."""
+def store_cached(entry: Path, record: dict) -> None:
+    """Write `record` (JSON) atomically, keeping the `MAX_CACHED` newest entries of its folder;
+    a cache that cannot be written is only a cache."""
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=entry.parent, suffix=".tmp")

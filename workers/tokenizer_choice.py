@@ -7,17 +7,26 @@ its own truncation) on `hard_cases()`; the first that agrees on every row is cho
 chosen backend is compared again on the job's first rows (`check_rows`); a mismatch there
 falls back to the reference for the rest of the job. Each fallback's reason is logged and
 recorded in the shards' provenance (`tokenizer`, `tokenizer_fallback`).
+
+The outcome of the check on `hard_cases()` depends only on the tokenizer, the cases, the
+checking code and the backends' builds, so it is kept across processes under
+`cache_root()/tokenizer-checks`, keyed by all of them (a backend that cannot be imported
+is part of the key); every process still checks its job's first rows.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import importlib
 import json
 import logging
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 
+from states.files import cache_root, store_cached
 from workers.encoded import Encoded
 from workers.token_backends import BackendUnavailable, cut_is_exact
 from workers.tokenize import REFERENCE, BatchTokenizer, TokenizerSpec
@@ -114,7 +123,41 @@ def choose_tokenizer(hf_tokenizer, max_length: int, prompt: str = "", chunk: boo
 
 @functools.lru_cache(maxsize=8)
 def choose_backend(spec: TokenizerSpec) -> tuple[TokenizerSpec, str]:
-    """(`spec` with the fastest backend exact on `hard_cases()`, why faster ones were not taken)."""
+    """(`spec` with the fastest backend exact on `hard_cases()`, why faster ones were not
+    taken): from the cross-process cache, else checked (`check_backends`) and stored."""
+    entry = cache_root() / "tokenizer-checks" / f"{_check_key(spec)}.json"
+    try:
+        stored = json.loads(entry.read_text())
+        return replace(spec, backend=stored["backend"], bounded=stored["bounded"]), stored["fallback"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    candidate, fallback = check_backends(spec)
+    store_cached(entry, {"backend": candidate.backend, "bounded": candidate.bounded, "fallback": fallback})
+    return candidate, fallback
+
+
+BACKEND_MODULES = ("tokenizers", "nanotoken", "gigatoken")
+_CHECK_CODE = ("tokenizer_choice.py", "token_backends.py", "tokenize.py")  # the cases, the backends' wrappers
+
+
+def _check_key(spec: TokenizerSpec) -> str:
+    """What the check's outcome depends on: the spec, this package's checking code, and
+    each backend's build (its version and file, or that it cannot be imported)."""
+    digest = hashlib.sha256(spec.key.encode())
+    for name in _CHECK_CODE:
+        digest.update((Path(__file__).parent / name).read_bytes())
+    for name in BACKEND_MODULES:
+        try:
+            module = importlib.import_module(name)
+            build = f"{getattr(module, '__version__', '?')}:{getattr(module, '__file__', '?')}"
+        except ImportError:
+            build = "unavailable"
+        digest.update(f"\0{name}={build}".encode())
+    return digest.hexdigest()[:32]
+
+
+def check_backends(spec: TokenizerSpec) -> tuple[TokenizerSpec, str]:
+    """Compare each candidate, fastest first, with the reference on `hard_cases()`."""
     kind = json.loads(spec.backend_json)["model"]["type"]
     fast = FAST_BACKEND.get(kind)
     candidates = ([(fast, True), (fast, False)] if fast else []) + [("tokenizers", True)]  # fastest first

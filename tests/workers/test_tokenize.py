@@ -101,8 +101,9 @@ CHOSEN = {"wordpiece-uncased": ("nanotoken", True), "wordpiece-cased": ("nanotok
 
 
 @pytest.fixture(autouse=True)
-def _fresh_choice():
-    """Each test checks backends anew (the choice is cached per process)."""
+def _fresh_choice(tmp_path, monkeypatch):
+    """Each test checks backends anew (the choice is cached per process and on disk)."""
+    monkeypatch.setenv("POOLJOBS_CACHE", str(tmp_path / "cache"))
     choose_backend.cache_clear()
     yield
     choose_backend.cache_clear()
@@ -200,6 +201,21 @@ def test_a_backend_broken_on_the_jobs_rows_falls_back(monkeypatch):
     assert choice.check_rows(corpus(50, seed=3) + ["a pooljobs-marker row"])
     assert choice.provenance()["tokenizer"] == REFERENCE
     assert "job rows: nanotoken (bounded prefix) differs" in choice.provenance()["tokenizer_fallback"]
+
+
+def test_the_load_check_is_kept_across_processes_and_redone_when_a_backend_changes(monkeypatch):
+    from workers import tokenizer_choice
+
+    backend_json, check = CONFIGS["wordpiece-uncased"](), tokenizer_choice.check_backends
+    first = choose_tokenizer(_HF(backend_json), 128)
+    choose_backend.cache_clear()  # as a new process would start
+    monkeypatch.setattr(tokenizer_choice, "check_backends", lambda spec: pytest.fail("checked again"))
+    again = choose_tokenizer(_HF(backend_json), 128)
+    assert (again.spec, again.fallback) == (first.spec, first.fallback) and again.spec.backend == "nanotoken"
+    monkeypatch.setattr(tokenizer_choice, "check_backends", check)
+    monkeypatch.setitem(sys.modules, "nanotoken", None)  # the backend's build changed: the key does
+    choose_backend.cache_clear()
+    assert choose_tokenizer(_HF(backend_json), 128).spec.backend == "tokenizers"
 
 
 @pytest.mark.parametrize("module", ["nanotoken", "gigatoken"])

@@ -31,7 +31,9 @@ def job_input(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
-def _fresh_choice():
+def _fresh_choice(tmp_path, monkeypatch):
+    """Each test checks backends anew (the choice is cached per process and on disk)."""
+    monkeypatch.setenv("POOLJOBS_CACHE", str(tmp_path / "cache"))
     choose_backend.cache_clear()
     yield
     choose_backend.cache_clear()
