@@ -3,15 +3,17 @@ sentence-transformers script, each a subprocess timed from outside; then a warm 
 column (a second `jobs.embed` call in one session against `SentenceTransformer.encode`).
 
     python -m bench.sweep --tokenizer DIR [--model-shape bert-base] [--sizes 1000,10000,40000,160000,1600000]
-                          [--warm-size 40000] [--device cuda]
+                          [--warm-size 40000] [--device cuda] [--compile auto] [--skip-st]
 
 The model is a random-init `--model-shape` (bench's shapes; `tiny` for a CPU smoke run)
 with the WordPiece files of `--tokenizer`, saved as plain transformers (sentence-
 transformers adds mean pooling); the corpus is bench's log-normal-length texts. Inductor's
 cache goes to a fresh folder, so the first pooljobs run starts with empty caches and the
 later ones find what it left (said per row). Prints per size: both walls, the ratio
-(ST wall / pooljobs wall), pooljobs' fixed cost (wall minus its steady `run_seconds`), and
-the startup timeline of the smallest run; then the warm column.
+(ST wall / pooljobs wall), pooljobs' fixed cost (wall minus its steady `run_seconds`) and
+the run's startup timeline; then the warm column. `--compile` is passed to
+every pooljobs run (the default `auto` decides by the job's size, as a user's run does), so
+one size can be timed with compiling off, on with the empty cache and on with a warm one.
 """
 
 from __future__ import annotations
@@ -85,6 +87,7 @@ def main() -> None:
     parser.add_argument("--warm-size", type=int, default=40000, help="rows of the warm notebook column (0: skip)")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--skip-st", action="store_true", help="time pooljobs only")
+    parser.add_argument("--compile", default="auto", choices=["auto", "on", "off"], help="every pooljobs run's --compile")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     root = Path(tempfile.mkdtemp(prefix="pooljobs-sweep-"))
@@ -94,27 +97,23 @@ def main() -> None:
     print(f"sweep: shape {args.model_shape}, device {args.device}, folder {root}", flush=True)
     print(f"{'docs':>9} {'pooljobs s':>11} {'ST script s':>12} {'ST/pooljobs':>12} {'fixed s':>8} {'run s':>7} caches",
           flush=True)
-    timelines = {}
     for i, n in enumerate(sizes):
         corpus = root / f"corpus-{n}.parquet"
-        write_corpus(make_corpus(args.tokenizer, n), corpus)
-        out = root / f"out-{n}"
+        if not corpus.exists():  # a size may be listed twice: the later run finds the caches the first left
+            write_corpus(make_corpus(args.tokenizer, n), corpus)
+        out = root / f"out-{i}-{n}"
         wall = timed([sys.executable, "-m", "jobs.embed", "--input", str(corpus), "--output", str(out), "--model",
                       str(model), "--id-column", "id", "--pooling", "mean", "--normalize", "--device", args.device,
-                      "--no-progress"], env)
+                      "--no-progress", "--compile", args.compile], env)
         report = json.loads((out / "_report.json").read_text())
-        timelines[n] = report.get("startup", {})
         st = None if args.skip_st else timed([sys.executable, "-c", ST_SCRIPT, str(corpus), str(model),
-                                              str(root / f"st-{n}.parquet"), args.device], env)
+                                              str(root / f"st-{i}-{n}.parquet"), args.device], env)
         ratio = f"{st / wall:>11.2f}x" if st else f"{'-':>12}"
         print(f"{n:>9,} {wall:>11.1f} {st or 0:>12.1f} {ratio} {wall - report['run_seconds']:>8.1f} "
               f"{report['run_seconds']:>7.1f} {'empty' if i == 0 else 'warm'}  [{report['decisions']['backend']}; "
               f"compile {report['decisions']['compile']}]", flush=True)
-    smallest = min(sizes)
-    from jobs.driver import PHASES
-
-    phases = timelines[smallest]
-    print(f"startup of the {smallest:,}-doc run: " + ", ".join(f"{k} {phases[k]:.1f}s" for k in PHASES if k in phases))
+        print("          startup: " + ", ".join(f"{k} {v:.1f}s" for k, v in report.get("startup", {}).items()),
+              flush=True)
     if args.warm_size:
         corpus = root / f"corpus-{args.warm_size}.parquet"
         if not corpus.exists():

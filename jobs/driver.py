@@ -46,8 +46,9 @@ IN_FLIGHT = pools.IN_FLIGHT
 PERMANENT = (InputError, RowError)  # errors about the data itself: retrying cannot help
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # compile="auto" compiles only jobs of at least this many planned rows: below it,
-# compiling costs more than the faster forwards save.
-COMPILE_MIN_ROWS = 100_000
+# compiling (and importing Inductor) costs more than the faster forwards save, even with
+# Inductor's cache warm (bench.sweep --compile, bench/RESULTS.md).
+COMPILE_MIN_ROWS = 1_000_000
 
 
 @dataclass
