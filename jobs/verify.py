@@ -41,7 +41,7 @@ QUANTIZED_MIN_AGREEMENT = 0.95  # stored int8/binary values equal to the referen
 # Provenance fields that must agree with _job.json's options.
 _RECORDED = {"task": "task", "output_dtype": "output_dtype", "dim": "dim"}
 # Provenance fields that may differ between workers (hardware, not results).
-_PER_WORKER = {"compiled", "gelu_epilogue", "execution", "dtype", "model"}
+_PER_WORKER = {"compiled", "gelu_epilogue", "execution", "head", "dtype", "model"}
 
 
 @dataclass

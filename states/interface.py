@@ -154,7 +154,8 @@ class ModelState(ABC):
         return unpad_output(out, padded["attention_mask"], all_layers)
 
     def logits(self, pack: Pack) -> torch.Tensor:
-        """Sequence-classification logits, (B, C). Heads read fixed positions of a padded
-        layout (first token, last token, masked mean), so they run on the padded batch."""
+        """Sequence-classification logits, (B, C), from the model's own forward on the padded
+        batch (states that run packed override this where a head's reading is verified:
+        `states.heads`)."""
         padded = to_padded(pack, self.pad_id)
         return self.model(**padded).logits

@@ -18,7 +18,7 @@ from states.compiling import GeluEpilogue, compile_blocks
 from states.interface import ModelState, Pack
 from states.loading import DTYPES, check_model_dir, check_weights, fingerprint, load_model, load_tokenizer
 from states.multivector import ColbertVectors, TokenVectors, skiplist_ids
-from states.options import COMPILE_CHOICES, Execution, ModelOptions, parse_outputs
+from states.options import COMPILE_CHOICES, ModelOptions, parse_outputs
 from states.packed import position_offset
 from states.pipeline import Pipeline, model_limit, read_pipeline
 from states.pooling import check_mode, finish, pool
@@ -56,17 +56,6 @@ def _max_length(pipeline: Pipeline, tokenizer, state: ModelState, requested: int
         raise ValueError(f"max_length={requested} exceeds what the model takes ({model_max})")
     return requested
 
-
-def _execution(options: ModelOptions) -> Execution:
-    """Classification heads read fixed positions of a padded batch (`ModelState.logits`),
-    so only embeddings run packed; the packed attention cannot serve a padded forward."""
-    if options.task == "embed":
-        return options.execution
-    if options.execution == "packed":
-        raise ValueError(
-            f"execution='packed' is for task='embed'; task={options.task!r} runs padded (use 'auto' or 'padded')"
-        )
-    return "padded"
 
 
 def resolve_outputs(requested: str, pipeline: Pipeline, task: str) -> tuple[str, ...]:
@@ -109,7 +98,6 @@ class Runtime:
 
     def __init__(self, options: ModelOptions) -> None:
         self.options = options
-        execution = _execution(options)
         self.model_dir = check_model_dir(options.model, options.allow_pickle, options.revision)
         self.pipeline = read_pipeline(self.model_dir, options.route)
         source = self.pipeline.transformer_dir
@@ -127,7 +115,7 @@ class Runtime:
                                    options.sparse_threshold).to(self.device) if "sparse" in self.outputs else None)
         if isinstance(self.sparse, SpladeHead):  # the fill-mask model's head runs on the pooled side
             model = model.base_model
-        self.state: ModelState = init_model_state(model, execution, options.state)
+        self.state: ModelState = init_model_state(model, options.execution, options.state)
         self.max_length = _max_length(self.pipeline, self.tokenizer, self.state, options.max_length)
         if options.pooling != "auto":
             self.pooling: tuple[str, ...] = (check_mode(options.pooling),)
@@ -250,6 +238,8 @@ class Runtime:
         }
         if self.options.task == "embed":
             out["outputs"] = ",".join(self.outputs)
+        else:
+            out["head"] = getattr(self.state, "head_reading", None) or "padded: the model's own forward"
         if self.sparse is not None:
             out["sparse"] = json.dumps(self.sparse.settings())
         if self.token_vectors is not None:

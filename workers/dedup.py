@@ -50,7 +50,7 @@ HASH_ALGORITHM = "xxh3-128"
 _SINGLE, _PAIR = 0, 1  # seeds: a text never hashes as a pair
 # Provenance that does not change what an output means: numerics of the same computation
 # (kernels, compile, the tokenizer backend, which must give identical ids) and paths.
-NOT_OUTPUT = ("pooljobs_version", "model", "compiled", "gelu_epilogue", "execution", "tokenizer",
+NOT_OUTPUT = ("pooljobs_version", "model", "compiled", "gelu_epilogue", "execution", "head", "tokenizer",
               "tokenizer_bounded", "tokenizer_fallback")
 
 

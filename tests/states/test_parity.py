@@ -99,15 +99,21 @@ def test_embed_normalize_and_dim(tiny_model, execution):
     assert_close(got, want / want.norm(dim=1, keepdim=True))
 
 
+HEAD_ARCHS = ["bert", "roberta", "distilbert", "modernbert", "electra", "deberta-v2", "qwen3", "mistral"]
+
+
 @pytest.mark.parametrize("execution", ["auto", "padded"])
 @pytest.mark.parametrize("task", ["classify", "score"])
-@pytest.mark.parametrize("arch", ["bert", "roberta", "qwen3"])
+@pytest.mark.parametrize("arch", HEAD_ARCHS)
 def test_heads(tiny_model, arch, task, execution):
     """Sequence-classification logits and probabilities (score: text pairs, with
-    token_type_ids where the tokenizer gives them). Heads read a padded layout, so
-    'auto' runs padded."""
+    token_type_ids where the tokenizer gives them). 'auto' runs the head packed wherever the
+    model's attention can run packed: each of these heads reads one token, which
+    `states.heads` finds and checks against the model's own padded forward."""
     runtime = _runtime(tiny_model, arch, execution, head=task)
-    assert runtime.state.execution == "padded"
+    packed = execution == "auto" and arch not in PADDED_ONLY
+    assert runtime.state.execution == ("packed" if packed else "padded")
+    assert runtime.provenance()["head"].startswith("packed: " if packed else "padded: ")
     reference = load_reference(tiny_model(arch, task), KIND[arch], head=task)
     for seed in SEEDS:
         texts = random_texts(6, seed)
@@ -125,7 +131,39 @@ def test_heads(tiny_model, arch, task, execution):
             assert runtime.labels == ["negative", "neutral", "positive"]
 
 
-@pytest.mark.parametrize("task", ["classify", "score"])
-def test_heads_refuse_packed(tiny_model, task):
-    with pytest.raises(ValueError, match="execution='packed' is for task='embed'"):
-        _runtime(tiny_model, "bert", "packed", head=task)
+@pytest.fixture(scope="module")
+def mean_pooling_head(tiny_model, tmp_path_factory):
+    """ModernBERT with `classifier_pooling="mean"`: its head reads every token."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    source = tiny_model("modernbert", "classify")
+    path = tmp_path_factory.mktemp("mean-head") / "modernbert"
+    AutoModelForSequenceClassification.from_pretrained(source, classifier_pooling="mean").save_pretrained(path)
+    AutoTokenizer.from_pretrained(source).save_pretrained(path)
+    return path
+
+
+def test_a_head_reading_many_tokens_runs_padded(mean_pooling_head):
+    options = dict(model=str(mean_pooling_head), task="classify", device="cpu", dtype="float32")
+    runtime = Runtime(ModelOptions(**options))
+    assert runtime.state.execution == "padded"
+    assert runtime.provenance()["head"].startswith("padded: no packed reading of the head matched its own forward")
+    reference = load_reference(mean_pooling_head, "encoder_only", head="classify")
+    ids, types = tokenized(runtime.tokenizer, random_texts(6, 0), None)
+    torch.testing.assert_close(runtime.compute(make_pack(ids, types))["logits"], reference_logits(reference, ids, types),
+                               rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match=r"execution='packed': ModernBertForSequenceClassification's head padded: no "
+                                         r"packed reading"):
+        Runtime(ModelOptions(**options, execution="packed"))
+
+
+def test_a_wrong_reading_is_refused(tiny_model, monkeypatch):
+    """The check can fail: a decoder's `score` read on the first token (not the last)
+    does not match its padded forward, so the model runs padded."""
+    from states import heads
+
+    wrong = [("score", "first", r[2]) for r in heads.READINGS if r[0] == "score"]
+    monkeypatch.setattr(heads, "READINGS", tuple(wrong))
+    runtime = _runtime(tiny_model, "qwen3", "auto", head="classify")
+    assert runtime.state.execution == "padded"
+    assert "tried score (" in runtime.provenance()["head"]
