@@ -89,11 +89,11 @@ class WindowSender:
             return self.tokenizer.submit(rows, segments)
 
 
-def feed_unit(unit: Unit, options: UnitOptions, tokenizer_for: Callable[[list[str]], Tokenizing],
+def feed_unit(unit: Unit, options: UnitOptions, tokenizer_for: Callable[[list[str], list[str] | None], Tokenizing],
               windows: SimpleQueue, copies: UnitCopies) -> UnitInput:
     """Read `unit` part by part, putting each window's pending tokens on `windows` as soon
     as its rows are read, then None (also on error). `tokenizer_for`: given the first
-    part's usable texts, the tokenizer every window of the unit goes to; `copies` decides
+    part's usable texts (and their pairs), the tokenizer every window of the unit goes to; `copies` decides
     which rows are computed."""
     sender: WindowSender | None = None
     tables: list[pa.Table] = []
@@ -112,15 +112,17 @@ def feed_unit(unit: Unit, options: UnitOptions, tokenizer_for: Callable[[list[st
             if table is None:
                 break
             if sender is None:
-                usable = [text for text, r in zip(texts, part_reasons) if r is None]
-                sender = WindowSender(tokenizer_for(usable), options.window_rows)
+                usable = [i for i, r in enumerate(part_reasons) if r is None]
+                sender = WindowSender(tokenizer_for([texts[i] for i in usable],
+                                                    None if pairs is None else [pairs[i] for i in usable]),
+                                      options.window_rows)
             sender.add(texts, pairs, compute)
             tables.append(table)
             reasons += part_reasons
             for pending in sender.ready(last=False):
                 windows.put(pending)
         if sender is None:  # no part at all
-            sender = WindowSender(tokenizer_for([]), options.window_rows)
+            sender = WindowSender(tokenizer_for([], None), options.window_rows)
         for pending in sender.ready(last=True):
             windows.put(pending)
         bad = {i: r for i, r in enumerate(reasons) if r is not None}

@@ -138,6 +138,85 @@ class Wrapped:
         return Encoded(out, out_offsets, None, lengths > self.cap, np.arange(n, dtype=np.int64), np.zeros(n, np.int32))
 
 
+@dataclass
+class PairTemplate:
+    """Where the post-processor puts special tokens around a pair's two contents, and the
+    token type of each part: prefix, first content, middle, second content, suffix."""
+
+    parts: tuple[np.ndarray, np.ndarray, np.ndarray]  # (prefix, middle, suffix) ids, int32
+    types: tuple[int, int, int, int, int]  # prefix, first, middle, second, suffix
+
+    @classmethod
+    def of(cls, backend_json: str) -> PairTemplate:
+        """Read from HF `tokenizers` encoding a pair; `BackendUnavailable` where the
+        post-processor does more than put fixed tokens of one type per part around them."""
+        model = Tokenizer.from_str(backend_json)
+        model.no_truncation()
+        model.no_padding()
+        a, b = model.encode("a", add_special_tokens=False).ids, model.encode("b", add_special_tokens=False).ids
+        # As the reference encodes: where there is no post-processor, `encode` gives the
+        # second text type 1 and `encode_batch_fast` type 0.
+        full = model.encode_batch_fast([("a", "b")])[0]
+        ids, types = full.ids, full.type_ids
+        i = next((k for k in range(len(ids) - len(a) + 1) if ids[k : k + len(a)] == a), None)
+        j = None if i is None else next((k for k in range(len(ids) - len(b), i + len(a) - 1, -1)
+                                         if ids[k : k + len(b)] == b), None)
+        if j is None:
+            raise BackendUnavailable("the post-processor rewrites a pair's contents, not only surrounds them")
+        spans = [(0, i), (i, i + len(a)), (i + len(a), j), (j, j + len(b)), (j + len(b), len(ids))]
+        kinds = [set(types[x:y]) for x, y in spans]
+        if any(len(k) > 1 for k in kinds) or not kinds[1] or not kinds[3]:
+            raise BackendUnavailable("the post-processor gives one part of a pair several token types")
+        template = cls(tuple(np.asarray(ids[x:y], np.int32) for x, y in spans[0::2]),
+                       tuple(next(iter(k), 0) for k in kinds))
+        first, second = "a b, a", "b a."  # the template must reproduce another pair
+        contents = [model.encode(t, add_special_tokens=False).ids for t in (first, second)]
+        got = template.encode(*((np.asarray(c, np.int32), np.asarray([0, len(c)], np.int64)) for c in contents), 1 << 30)
+        want = model.encode_batch_fast([(first, second)])[0]
+        if got.ids.tolist() != want.ids or got.type_ids.tolist() != want.type_ids:
+            raise BackendUnavailable("the post-processor does not put the same tokens around every pair")
+        return template
+
+    def encode(self, first: Content, second: Content, max_length: int) -> Encoded:
+        """Both contents of each pair, truncated as HF's `longest_first` does to fit
+        `max_length` with the special tokens, in the template; token types per part."""
+        (ids_a, off_a), (ids_b, off_b) = first, second
+        len_a, len_b = np.diff(off_a), np.diff(off_b)  # (N,)
+        keep_a, keep_b = longest_first(len_a, len_b, max_length - sum(len(p) for p in self.parts))
+        prefix, middle, suffix = self.parts
+        pieces = [(prefix, None), (ids_a, (off_a, keep_a)), (middle, None), (ids_b, (off_b, keep_b)), (suffix, None)]
+        n = len(len_a)
+        widths = [np.full(n, len(v), np.int64) if at is None else at[1] for v, at in pieces]  # 5 x (N,)
+        offsets = np.zeros(n + 1, np.int64)
+        np.cumsum(sum(widths), out=offsets[1:])
+        out = np.empty(int(offsets[-1]), np.int32)
+        types = np.empty(int(offsets[-1]), np.int32)
+        start = offsets[:-1].copy()  # (N,) where the next part of each row goes
+        for (values, at), width, kind in zip(pieces, widths, self.types):
+            where = gather_index(start, width)
+            out[where] = np.tile(values, n) if at is None else values[gather_index(at[0][:-1], width)]
+            types[where] = kind
+            start += width
+        truncated = (keep_a < len_a) | (keep_b < len_b)
+        return Encoded(out, offsets, types, truncated, np.arange(n, dtype=np.int64), np.zeros(n, np.int32))
+
+
+def longest_first(n1: np.ndarray, n2: np.ndarray, budget: int) -> tuple[np.ndarray, np.ndarray]:
+    """Tokens kept of each side of each pair: HF `tokenizers`' `longest_first` truncation
+    (tokenizers/src/utils/truncation.rs): nothing when both fit; else the shorter side whole
+    and the longer cut to the rest, unless the shorter alone passes half the budget, when
+    the shorter keeps budget // 2 and the longer the remainder."""
+    short, long_ = np.minimum(n1, n2), np.maximum(n1, n2)
+    keep_long = np.where(short > budget, short, np.maximum(short, budget - short))
+    keep_short = short.copy()
+    both = short + keep_long > budget
+    keep_short[both], keep_long[both] = budget // 2, budget // 2 + budget % 2
+    swapped = n1 > n2
+    k1, k2 = np.where(swapped, keep_long, keep_short), np.where(swapped, keep_short, keep_long)
+    fits = n1 + n2 <= budget
+    return np.where(fits, n1, np.minimum(n1, k1)), np.where(fits, n2, np.minimum(n2, k2))
+
+
 def cut(text: str, bound: int) -> str:
     """`text` up to the first space at or after `bound` characters that ends a word (the
     tokens before such a space are those of the whole text), or whole."""

@@ -2,10 +2,12 @@
 
 Each text yields one sequence (truncated, flagged), or with `chunk=True` its first window
 plus every overflowing window (each `max_length` long with special tokens, overlapping the
-previous by `stride` tokens). Single texts without chunking go through the spec's
-`backend` (`workers.token_backends`: nanotoken, gigatoken or HF `tokenizers`), each text
-cut to a bounded prefix first where that is exact (`bounded`); pairs and chunking take HF `tokenizers` with its
-own truncation, the reference every backend is checked against (`workers.tokenizer_choice`).
+previous by `stride` tokens). Without chunking, texts go through the spec's `backend`
+(`workers.token_backends`: nanotoken, gigatoken or HF `tokenizers`): single texts each cut
+to a bounded prefix first where that is exact (`bounded`), text pairs whole, both sides
+truncated as HF's `longest_first` (`PairTemplate`; a pair's kept tokens depend on both
+whole lengths, so pairs are never cut). Chunking takes HF `tokenizers` with its own
+truncation, the reference every backend is checked against (`workers.tokenizer_choice`).
 """
 
 from __future__ import annotations
@@ -13,13 +15,13 @@ from __future__ import annotations
 import hashlib
 import itertools
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 from tokenizers import Encoding, Tokenizer
 
 from workers.encoded import Encoded, EncodedWindow, gather_index
-from workers.token_backends import CONTENT_BACKENDS, Wrapped, bounded, special_tokens
+from workers.token_backends import CONTENT_BACKENDS, PairTemplate, Wrapped, bounded, special_tokens
 
 __all__ = ["BatchTokenizer", "Encoded", "EncodedWindow", "TokenizerSpec", "encode_window", "gather_index"]
 
@@ -36,7 +38,8 @@ class BatchTokenizer:
     can be sent to tokenizing processes as a string)."""
 
     def __init__(self, backend_json: str, max_length: int, with_type_ids: bool, prompt: str = "",
-                 chunk: bool = False, stride: int = 0, backend: str = REFERENCE, bounded: bool = True) -> None:
+                 chunk: bool = False, stride: int = 0, backend: str = REFERENCE, bounded: bool = True,
+                 pairs: bool = False) -> None:
         self.reference: Tokenizer = Tokenizer.from_str(backend_json)
         self.reference.no_padding()
         try:
@@ -45,16 +48,27 @@ class BatchTokenizer:
             raise ValueError(f"chunk_stride={stride} must be smaller than max_length={max_length} less special tokens") from e
         self.prompt, self.chunk, self.with_type_ids, self.max_length = prompt, chunk, with_type_ids, max_length
         self.backend, self.bounded = backend, bounded
+        self.pair_template: PairTemplate | None = None
         if backend != REFERENCE and not chunk:
             self.content = CONTENT_BACKENDS[backend](backend_json)
             self.wrap = Wrapped(*special_tokens(backend_json), max_length)
+            if pairs:
+                self.pair_template = PairTemplate.of(backend_json)
 
     def __call__(self, texts: list[str], pairs: list[str] | None = None) -> Encoded:
+        if pairs is not None and len(pairs) != len(texts):
+            raise ValueError(f"{len(texts)} texts but {len(pairs)} pairs")
         if self.prompt:
             texts = [self.prompt + t for t in texts]
         if pairs is None and not self.chunk and self.backend != REFERENCE:
             return bounded(self._single, texts, self.max_length) if self.bounded else self._single(texts)
+        if pairs is not None and self.pair_template is not None:
+            return self._pairs(texts, pairs)
         return self._reference(texts if pairs is None else list(zip(texts, pairs)), pairs is not None)
+
+    def _pairs(self, texts: list[str], pairs: list[str]) -> Encoded:
+        enc = self.pair_template.encode(self.content(texts), self.content(pairs), self.max_length)
+        return enc if self.with_type_ids else replace(enc, type_ids=None)
 
     def _single(self, texts: list[str]) -> Encoded:
         return self.wrap(self.content(texts))
@@ -89,12 +103,14 @@ class TokenizerSpec:
     stride: int = 0
     backend: str = REFERENCE  # single texts' backend: a `token_backends.CONTENT_BACKENDS` name, or REFERENCE
     bounded: bool = True  # the backend takes texts cut to a bounded prefix (`token_backends.bounded`)
+    pairs: bool = False  # it tokenizes text pairs (checked as pairs; a fast backend uses a `PairTemplate`)
 
     @classmethod
-    def from_hf(cls, hf_tokenizer, max_length: int, prompt: str = "", chunk: bool = False, stride: int = 0) -> TokenizerSpec:
+    def from_hf(cls, hf_tokenizer, max_length: int, prompt: str = "", chunk: bool = False, stride: int = 0,
+                pairs: bool = False) -> TokenizerSpec:
         """From a transformers fast tokenizer (its Rust backend, serialized); the reference backend."""
         return cls(hf_tokenizer.backend_tokenizer.to_str(), max_length, "token_type_ids" in hf_tokenizer.model_input_names,
-                   prompt, chunk, stride)
+                   prompt, chunk, stride, pairs=pairs)
 
     def build(self) -> BatchTokenizer:
         return BatchTokenizer(**asdict(self))

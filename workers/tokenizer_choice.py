@@ -1,9 +1,11 @@
-"""Which backend tokenizes a job's single texts: the fastest one that gives HF
+"""Which backend tokenizes a job's texts or text pairs: the fastest one that gives HF
 `tokenizers`' ids, checked, never assumed.
 
 At load, each candidate (nanotoken for WordPiece or gigatoken for BPE, then HF
-`tokenizers`; each first with texts cut to a bounded prefix, then whole) is compared with the reference (HF `tokenizers`, whole texts,
-its own truncation) on `hard_cases()`; the first that agrees on every row is chosen. The
+`tokenizers`; for single texts each first with texts cut to a bounded prefix, then whole)
+is compared with the reference (HF `tokenizers`, whole texts, its own truncation) on
+`hard_cases()` (for a pair job, each case paired with the next); the first that agrees on
+every row, ids, token types and truncation flags, is chosen. The
 chosen backend is compared again on the job's first rows (`check_rows`); a mismatch there
 falls back to the reference for the rest of the job. Each fallback's reason is logged and
 recorded in the shards' provenance (`tokenizer`, `tokenizer_fallback`).
@@ -28,13 +30,16 @@ import numpy as np
 
 from states.files import cache_root, store_cached
 from workers.encoded import Encoded
-from workers.token_backends import BackendUnavailable, cut_is_exact
+from tokenizers import Tokenizer
+
+from workers.token_backends import BackendUnavailable, HFContent, cut_is_exact, longest_first
 from workers.tokenize import REFERENCE, BatchTokenizer, TokenizerSpec
 
 log = logging.getLogger(__name__)
 
 FAST_BACKEND = {"WordPiece": "nanotoken", "BPE": "gigatoken"}  # tokenizer.json model type -> fast backend
 SAMPLE_ROWS = 256  # the job's first rows checked against the reference
+MAX_PAIR_WINDOWS = 64  # overflowing-window combinations the reference may build for one checked pair
 
 
 def hard_cases() -> list[str]:
@@ -60,19 +65,45 @@ def hard_cases() -> list[str]:
 
 
 def first_mismatch(got: Encoded, want: Encoded) -> int | None:
-    """The first row whose ids or truncation flag differ, or None."""
+    """The first row whose ids, token types or truncation flag differ, or None."""
+    if (got.type_ids is None) != (want.type_ids is None):
+        return 0
     for row in range(len(want.offsets) - 1):
         if (row >= len(got.offsets) - 1 or got.truncated[row] != want.truncated[row]
                 or not np.array_equal(got.sequence(row), want.sequence(row))):
             return row
+    if want.type_ids is not None and not np.array_equal(got.type_ids, want.type_ids):
+        bad = int(np.argmax(got.type_ids != want.type_ids)) if len(got.type_ids) == len(want.type_ids) else 0
+        return int(np.searchsorted(want.offsets, bad, side="right") - 1)
     return None if len(got.offsets) == len(want.offsets) else len(want.offsets) - 1
 
 
-def compare(candidate: BatchTokenizer, texts: list[str], want: Encoded) -> str | None:
-    """Why `candidate` is not exact on `texts` (the first row differing from the
-    reference's encoding `want`), or None."""
+def pair_cases(texts: list[str]) -> list[str]:
+    """The second texts `hard_cases()` are checked with in a pair job: each case's next."""
+    return texts[1:] + texts[:1]
+
+
+def checkable(spec: TokenizerSpec, texts: list[str], pairs: list[str] | None) -> tuple[list[str], list[str] | None]:
+    """The texts (and pairs) the reference can encode in bounded memory: all single texts;
+    the pairs whose two sides' overflowing windows combine into at most `MAX_PAIR_WINDOWS`
+    encodings, which HF `tokenizers` builds for every truncated pair (a 1 MB text paired
+    with a long one would take gigabytes)."""
+    if pairs is None:
+        return texts, None
+    content = HFContent(spec.backend_json)
+    n1, n2 = (np.diff(content([spec.prompt + t for t in texts])[1]), np.diff(content(pairs)[1]))
+    budget = spec.max_length - Tokenizer.from_str(spec.backend_json).num_special_tokens_to_add(True)
+    k1, k2 = longest_first(n1, n2, budget)
+    windows = -(-n1 // np.maximum(k1, 1)) * -(-n2 // np.maximum(k2, 1))
+    keep = np.flatnonzero(windows <= MAX_PAIR_WINDOWS)
+    return [texts[i] for i in keep], [pairs[i] for i in keep]
+
+
+def compare(candidate: BatchTokenizer, texts: list[str], want: Encoded, pairs: list[str] | None = None) -> str | None:
+    """Why `candidate` is not exact on `texts` (with `pairs`: on those pairs), the first row
+    differing from the reference's encoding `want`, or None."""
     try:
-        row = first_mismatch(candidate(texts), want)
+        row = first_mismatch(candidate(texts, pairs), want)
     except Exception as e:  # a backend that raises where the reference does not is not exact
         return f"{candidate.backend} failed: {type(e).__name__}: {e}"
     if row is None:
@@ -92,13 +123,14 @@ class TokenizerChoice:
         return {"tokenizer": self.spec.backend, "tokenizer_bounded": str(self.spec.bounded),
                 "tokenizer_fallback": self.fallback}
 
-    def check_rows(self, texts: list[str]) -> bool:
+    def check_rows(self, texts: list[str], pairs: list[str] | None = None) -> bool:
         """Compare the chosen backend with the reference on the job's first rows (usable
-        texts); on a mismatch fall back to the reference. Whether the spec changed."""
+        texts, and their pairs); on a mismatch fall back to the reference. Whether the spec changed."""
         if self.spec.backend == REFERENCE or not texts:
             return False
-        sample = texts[:SAMPLE_ROWS]
-        why = compare(self.spec.build(), sample, replace(self.spec, backend=REFERENCE).build()(sample))
+        sample, second = checkable(self.spec, texts[:SAMPLE_ROWS], None if pairs is None else pairs[:SAMPLE_ROWS])
+        reference = replace(self.spec, backend=REFERENCE).build()
+        why = compare(self.spec.build(), sample, reference(sample, second), second)
         if why is None:
             return False
         self._fall_back(f"job rows: {why}", REFERENCE)
@@ -112,11 +144,10 @@ class TokenizerChoice:
 
 def choose_tokenizer(hf_tokenizer, max_length: int, prompt: str = "", chunk: bool = False, stride: int = 0,
                      pairs: bool = False) -> TokenizerChoice:
-    """The fastest backend exact on `hard_cases()` for single texts; the reference for
-    chunking and for pairs (no fast backend takes pairs). Checked once per process and
-    tokenizer (`choose_backend`'s cache)."""
-    spec = TokenizerSpec.from_hf(hf_tokenizer, max_length, prompt, chunk, stride)
-    if chunk or pairs:
+    """The fastest backend exact on `hard_cases()` for single texts or text pairs; the
+    reference for chunking. Checked once per process and tokenizer (`choose_backend`'s cache)."""
+    spec = TokenizerSpec.from_hf(hf_tokenizer, max_length, prompt, chunk, stride, pairs)
+    if chunk:
         return TokenizerChoice(spec)
     return TokenizerChoice(*choose_backend(spec))
 
@@ -157,20 +188,23 @@ def _check_key(spec: TokenizerSpec) -> str:
 
 
 def check_backends(spec: TokenizerSpec) -> tuple[TokenizerSpec, str]:
-    """Compare each candidate, fastest first, with the reference on `hard_cases()`."""
+    """Compare each candidate, fastest first, with the reference on `hard_cases()` (pairs
+    of them for a pair spec, which are never cut to a bounded prefix)."""
     kind = json.loads(spec.backend_json)["model"]["type"]
     fast = FAST_BACKEND.get(kind)
     candidates = ([(fast, True), (fast, False)] if fast else []) + [("tokenizers", True)]  # fastest first
-    cases = hard_cases()
-    want = spec.build()(cases)
-    not_local = cut_is_exact(spec.backend_json, [c for c in cases if len(c) < 100_000])
+    if spec.pairs:
+        candidates = list(dict.fromkeys((backend, False) for backend, _ in candidates))
+    cases, second = checkable(spec, hard_cases(), pair_cases(hard_cases()) if spec.pairs else None)
+    want = spec.build()(cases, second)
+    not_local = None if spec.pairs else cut_is_exact(spec.backend_json, [c for c in cases if len(c) < 100_000])
     reasons = [f"bounded prefix: {not_local}"] if not_local else []
     for backend, bounded in candidates:
         if bounded and not_local:
             continue
         try:
             candidate = replace(spec, backend=backend, bounded=bounded)
-            why = compare(candidate.build(), cases, want)
+            why = compare(candidate.build(), cases, want, second)
         except (BackendUnavailable, ValueError) as e:
             why = f"{backend}: {e}"
         if why is None:

@@ -183,13 +183,13 @@ class UnitRunner:
         spec = self.choice.spec
         return RayTokenizer(spec, self.options.max_retries) if self._in_tasks else ThreadTokenizer(spec)
 
-    def _tokenizer_for(self, first_texts: list[str]) -> Tokenizing:
+    def _tokenizer_for(self, first_texts: list[str], first_pairs: list[str] | None = None) -> Tokenizing:
         """The tokenizer for a unit (on the feed thread, before its first window): the
         worker's first unit checks the chosen backend on its first rows, and falls back
         to the reference (recorded in the shards' provenance) on a mismatch."""
         if not self._rows_checked and first_texts:
             self._rows_checked = True
-            if self.choice.check_rows(first_texts):
+            if self.choice.check_rows(first_texts, first_pairs):
                 self.tokenizer.close()
                 self.tokenizer = self._tokenizer()
                 self.metadata.update(self.choice.provenance())

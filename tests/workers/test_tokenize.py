@@ -163,8 +163,49 @@ def test_prompt_pairs_and_chunks(config):
     want = _spec(backend_json, 64, prompt="query: ").build()(texts)
     backend, bounded = CHOSEN[name]
     assert first_mismatch(_spec(backend_json, 64, backend, "query: ", bounded).build()(texts), want) is None
-    assert choose_tokenizer(_HF(backend_json), 64, pairs=True).spec.backend == REFERENCE
+    paired = choose_tokenizer(_HF(backend_json), 64, pairs=True).spec
+    assert (paired.backend, paired.bounded, paired.pairs) == (backend, False, True)
     assert choose_tokenizer(_HF(backend_json), 64, chunk=True, stride=8).spec.backend == REFERENCE
+
+
+def _pair_spec(backend_json: str, max_length: int, backend: str = REFERENCE, prompt: str = "") -> TokenizerSpec:
+    return TokenizerSpec(backend_json, max_length, True, prompt, backend=backend, bounded=False, pairs=True)
+
+
+@pytest.mark.parametrize("max_length", [32, 512])
+def test_pairs_give_the_reference_ids_types_and_truncation(config, max_length):
+    """Both sides of each pair truncated as `longest_first`, in the post-processor's
+    template, with its token types: each backend against the reference (on texts of at
+    most 1,500 characters: the reference builds every combination of both sides'
+    overflowing windows)."""
+    name, backend_json = config
+    texts = [t[:1500] for t in corpus(400, seed=max_length) + hard_cases()]
+    pairs = [t[:1500] for t in corpus(len(texts), seed=max_length + 1)][: len(texts)]
+    want = _pair_spec(backend_json, max_length, prompt="q: ").build()(texts, pairs)
+    for backend in {CHOSEN[name][0], "tokenizers"}:
+        got = _pair_spec(backend_json, max_length, backend, "q: ").build()(texts, pairs)
+        assert first_mismatch(got, want) is None, backend
+        assert np.array_equal(got.type_ids, want.type_ids), backend
+        assert got.truncated.any() and not got.truncated.all(), backend
+
+
+def test_longest_first_is_hf_truncation_at_every_length():
+    """Every split of a pair's lengths around odd and even budgets, ties included."""
+    backend_json = CONFIGS["wordpiece-uncased"]()
+    for max_length in (7, 8, 9):
+        texts = [("a " * n1).strip() for n1 in range(13) for _ in range(13)]
+        pairs = [("b " * n2).strip() for _ in range(13) for n2 in range(13)]
+        want = _pair_spec(backend_json, max_length).build()(texts, pairs)
+        got = _pair_spec(backend_json, max_length, "nanotoken").build()(texts, pairs)
+        assert first_mismatch(got, want) is None and np.array_equal(got.type_ids, want.type_ids)
+
+
+def test_a_broken_backend_is_caught_on_pairs(monkeypatch):
+    backend_json = CONFIGS["wordpiece-uncased"]()
+    _break(monkeypatch, token_backends.NanoContent, "Café")  # one of the hard cases
+    choice = choose_tokenizer(_HF(backend_json), 128, pairs=True)
+    assert choice.spec.backend == "tokenizers"
+    assert choice.fallback.startswith("nanotoken (whole texts) differs from HF tokenizers on ")
 
 
 def _break(monkeypatch, cls, marker: str) -> None:
