@@ -124,6 +124,7 @@ class ModelState(ABC):
     kind: ClassVar[str]
     default_pooling: ClassVar[str] = "mean"
     supports_packed: ClassVar[bool] = False
+    head_reading: str | None = None  # how a packed state reads the classification head (`states.heads`)
 
     def __init__(self, model: nn.Module, execution: Execution = "auto") -> None:
         if execution not in EXECUTIONS:

@@ -42,7 +42,6 @@ class PackedState(ModelState):
         self.position_offset = position_offset(model)
         self._pretrained, self._base = pretrained, base_of(pretrained)
         self.head: PackedHead | None = None
-        self.head_reading: str | None = None
         if self.packed and self._base is not None:
             self._find_head(execution)
         if self.packed:

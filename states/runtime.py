@@ -239,7 +239,7 @@ class Runtime:
         if self.options.task == "embed":
             out["outputs"] = ",".join(self.outputs)
         else:
-            out["head"] = getattr(self.state, "head_reading", None) or "padded: the model's own forward"
+            out["head"] = self.state.head_reading or "padded: the model's own forward"
         if self.sparse is not None:
             out["sparse"] = json.dumps(self.sparse.settings())
         if self.token_vectors is not None:

@@ -206,7 +206,7 @@ def longest_first(n1: np.ndarray, n2: np.ndarray, budget: int) -> tuple[np.ndarr
     (tokenizers/src/utils/truncation.rs): nothing when both fit; else the shorter side whole
     and the longer cut to the rest, unless the shorter alone passes half the budget, when
     the shorter keeps budget // 2 and the longer the remainder."""
-    short, long_ = np.minimum(n1, n2), np.maximum(n1, n2)
+    short = np.minimum(n1, n2)
     keep_long = np.where(short > budget, short, np.maximum(short, budget - short))
     keep_short = short.copy()
     both = short + keep_long > budget

@@ -27,11 +27,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
+from tokenizers import Tokenizer
 
 from states.files import cache_root, store_cached
 from workers.encoded import Encoded
-from tokenizers import Tokenizer
-
 from workers.token_backends import BackendUnavailable, HFContent, cut_is_exact, longest_first
 from workers.tokenize import REFERENCE, BatchTokenizer, TokenizerSpec
 
