@@ -127,11 +127,30 @@ class SpladeHead(nn.Module):
         ascending index.
 
         With `top_k` the kept width is known, so nothing waits for the device; without it
-        the widest row's count is read first (one sync per pack)."""
+        the widest row's count is read first (one sync per pack) and every positive weight
+        is kept (`positive`)."""
         pooled = self.weights(hidden, pack.cu_seqlens)  # (B, V)
         if self.threshold is not None:
             pooled = torch.where(pooled > self.threshold, pooled, 0.0)
-        return largest(pooled, self.top_k or max(1, int((pooled > 0).sum(1).max())))
+        return largest(pooled, self.top_k) if self.top_k else positive(pooled)
+
+
+def positive(weights: torch.Tensor) -> dict[str, Ragged]:
+    """weights (B, N) -> every positive weight of each row by ascending column, as Ragged
+    `sparse_indices` (int32) and `sparse_values` (float32), like `largest` with k = N.
+
+    Why not `largest`: a top-k as wide as the widest row (hundreds to thousands of a trained
+    SPLADE model's 30,522 weights) sorts what is already in column order; a running count
+    per row places each kept weight in one scatter instead."""
+    kept = weights > 0  # (B, N)
+    lengths = kept.sum(1)  # (B,)
+    width = max(1, int(lengths.max())) if weights.shape[0] else 1  # the one sync
+    slot = torch.where(kept, kept.cumsum(1) - 1, width)  # (B, N) place in its row; dropped -> the spare column
+    columns = torch.arange(weights.shape[1], device=weights.device, dtype=torch.int32).expand_as(weights)
+    indices = torch.full((weights.shape[0], width + 1), torch.iinfo(torch.int32).max, dtype=torch.int32,
+                         device=weights.device).scatter_(1, slot, columns)
+    values = torch.zeros((weights.shape[0], width + 1), device=weights.device).scatter_(1, slot, weights.float())
+    return {"sparse_indices": Ragged(indices[:, :width], lengths), "sparse_values": Ragged(values[:, :width], lengths)}
 
 
 def largest(weights: torch.Tensor, k: int, ids: torch.Tensor | None = None) -> dict[str, Ragged]:

@@ -72,6 +72,24 @@ def test_sparse_top_k_and_threshold(splade):
     assert '"top_k": 10' in runtime.provenance()["sparse"]
 
 
+def test_positive_keeps_every_positive_weight_in_column_order():
+    """`positive` (the default output's compaction) equals the top-k path at full width, an
+    all-zero row and rows of different counts included."""
+    from states.sparse import largest, positive
+
+    torch.manual_seed(0)
+    weights = torch.relu(torch.randn(6, 50))
+    weights[2] = 0
+    weights[4, 7:] = 0
+    got, want = positive(weights), largest(weights, 50)
+    assert got["sparse_indices"].lengths.tolist() == (weights > 0).sum(1).tolist()
+    for name in ("sparse_indices", "sparse_values"):
+        torch.testing.assert_close(got[name].lengths, want[name].lengths)
+        for a, b in zip(_rows(got[name]), _rows(want[name])):
+            np.testing.assert_array_equal(a, b)
+    assert got["sparse_indices"].padded.shape[1] == int((weights > 0).sum(1).max())  # the widest row, no wider
+
+
 def test_align_vocabulary_pads_the_projection_and_keeps_the_logits():
     """The head's vocabulary projection is padded to aligned rows in place; its first
     `vocab` columns are the logits as saved and the padded ones are zeros."""
