@@ -12,6 +12,11 @@ each call, which the worker's feed, tokenizing and launching threads hold most o
 (`python -m bench.host` shows the cost). The checksum is taken per row group from the
 bytes written (read back from the temp file, GIL released), so committing the last unit
 hashes only its last row group and the footer.
+
+Each row group is encoded and hashed on a thread of the shard's own, one at a time and
+in order, while the caller gathers the next: encoding releases the GIL, and the caller
+(the worker's writer thread, which also orders, copies and assembles the rows) is the
+busiest thread of a fast model's run.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
@@ -98,6 +104,8 @@ class ShardWriter:
         self._writer: pq.ParquetWriter | None = None
         self._schema: pa.Schema | None = None
         self._pending: list[pa.Table] = []
+        self._encoder: ThreadPoolExecutor | None = None  # started with the first row group
+        self._encoding: Future | None = None  # the row group being encoded, at most one
         self.rows = 0
 
     @property
@@ -105,7 +113,8 @@ class ShardWriter:
         return self._schema
 
     def write(self, table: pa.Table) -> None:
-        """Append rows (all calls with the same columns); the first call fixes the schema."""
+        """Append rows (all calls with the same columns); the first call fixes the schema.
+        An error encoding an earlier row group is raised here or by `commit`."""
         if self._schema is None:
             fields = [f.with_nullable(False) if _is_vector(f.type) else f for f in table.schema]
             self._schema = pa.schema(fields, metadata=table.schema.metadata)
@@ -116,39 +125,77 @@ class ShardWriter:
             self._flush()
 
     def _flush(self) -> None:
+        """Hand the pending rows to the encoding thread as one row group, once the previous
+        one is encoded (so row groups stay in order and at most two are held)."""
+        self._wait()
+        if self._pending:
+            table = pa.concat_tables(self._pending)
+            self._pending = []
+            if self._encoder is None:
+                self._open()
+                self._encoder = ThreadPoolExecutor(1, thread_name_prefix="encode")
+            self._encoding = self._encoder.submit(self._encode, table)
+
+    def _wait(self) -> None:
+        encoding, self._encoding = self._encoding, None
+        if encoding is not None:
+            encoding.result()
+
+    def _open(self) -> None:
+        """Create the (hidden) file and its Parquet writer, with the first row group."""
         try:
-            if self._writer is None:
-                self._atomic = AtomicFile(self.uri, self.storage_options)
-                other = [f.name for f in self._schema if not _is_vector(f.type)]
-                self._writer = pq.ParquetWriter(
-                    self._atomic.stream, self._schema, use_dictionary=other, write_statistics=other,
-                    compression={f.name: "none" if _is_vector(f.type) else "lz4" for f in self._schema})
-            if self._pending:
-                table = pa.concat_tables(self._pending)
-                self._writer.write_table(table, row_group_size=table.num_rows)
-                self._pending = []
-                self._atomic.hash_written()
+            self._atomic = AtomicFile(self.uri, self.storage_options)
+            other = [f.name for f in self._schema if not _is_vector(f.type)]
+            self._writer = pq.ParquetWriter(
+                self._atomic.stream, self._schema, use_dictionary=other, write_statistics=other,
+                compression={f.name: "none" if _is_vector(f.type) else "lz4" for f in self._schema})
+        except (OSError, pa.ArrowException) as e:
+            raise OSError(f"cannot write {self.uri}: {e}") from e
+
+    def _encode(self, table: pa.Table) -> None:
+        """Encode and hash one row group (on the encoding thread)."""
+        try:
+            self._writer.write_table(table, row_group_size=table.num_rows)
+            self._atomic.hash_written()
         except (OSError, pa.ArrowException) as e:  # e.g. a full disk, named with the shard
             raise OSError(f"cannot write {self.uri}: {e}") from e
 
     def commit(self) -> tuple[int, str]:
         """Finish the file and store it atomically; (bytes, sha256)."""
         assert self._schema is not None, "a shard needs at least one write, empty or not"
-        self._flush()
         try:
-            self._writer.close()
-            return self._atomic.commit()
-        except (OSError, pa.ArrowException) as e:
-            self.abort()
-            raise OSError(f"cannot write {self.uri}: {e}") from e
+            try:
+                self._flush()
+                self._wait()
+                if self._writer is None:  # no rows: the file holds the schema alone
+                    self._open()
+            except OSError:  # named by `_open` or `_encode`
+                self.abort()
+                raise
+            try:
+                self._writer.close()
+                return self._atomic.commit()
+            except (OSError, pa.ArrowException) as e:
+                self.abort()
+                raise OSError(f"cannot write {self.uri}: {e}") from e
+        finally:
+            self._stop()
 
     def abort(self) -> None:
         """Drop the shard: close the writer and the file, leaving nothing behind."""
+        with contextlib.suppress(Exception):
+            self._wait()
+        self._stop()
         if self._writer is not None:
             with contextlib.suppress(Exception):
                 self._writer.close()
         if self._atomic is not None:
             self._atomic.abort()
+
+    def _stop(self) -> None:
+        if self._encoder is not None:
+            self._encoder.shutdown(wait=True)
+            self._encoder = None
 
 
 class AtomicFile:
