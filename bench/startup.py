@@ -92,6 +92,19 @@ def run_cli(corpus: Path, model: Path, out: Path, device: str, env: dict) -> tup
     return wall, json.loads((out / "_report.json").read_text())
 
 
+def settle_bytecode(cache: Path, timeout: float = 120.0) -> str:
+    """After a job: wait for the bytecode fill it may have started (`workers.bytecode`, where
+    the interpreter writes none) so the next run finds it done and nothing runs beside the
+    next measurement; says what was found."""
+    folder, t = cache / "pycache", time.perf_counter()
+    if not folder.exists():
+        return "no bytecode fill (the interpreter writes its own)"
+    while not list(folder.glob(".filled-*")) and time.perf_counter() - t < timeout:
+        time.sleep(0.5)
+    state = "filled" if list(folder.glob(".filled-*")) else "still filling"
+    return f"bytecode folder {state} {time.perf_counter() - t:.1f} s after the run"
+
+
 def importtime(env: dict, top: int) -> list[tuple[float, str]]:
     """(cumulative seconds, module) of the heaviest imports two levels down from the top."""
     done = subprocess.run([sys.executable, "-X", "importtime", "-c", IMPORTS], env=env, cwd=REPO,
@@ -141,7 +154,7 @@ def main() -> None:
         phases = report.get("startup", {})
         cells = " | ".join(f"{phases[p]:.2f}" if p in phases else "-" for p in PHASES)
         print(f"| {i + 1} | {'empty' if i == 0 else 'warm'} | {wall:.2f} | {report['run_seconds']:.2f} | "
-              f"{wall - report['run_seconds']:.2f} | {cells} | {before} |", flush=True)
+              f"{wall - report['run_seconds']:.2f} | {cells} | {before}; {settle_bytecode(root / 'cache')} |", flush=True)
     if args.notebook:
         done = subprocess.run([sys.executable, "-c", NOTEBOOK, str(corpus), str(model), args.device], env=env,
                               cwd=REPO, capture_output=True, text=True)

@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.startup import settle_bytecode
+
 REPO = Path(__file__).resolve().parent.parent
 
 ST_SCRIPT = """
@@ -106,14 +108,15 @@ def main() -> None:
                       str(model), "--id-column", "id", "--pooling", "mean", "--normalize", "--device", args.device,
                       "--no-progress", "--compile", args.compile], env)
         report = json.loads((out / "_report.json").read_text())
+        settled = settle_bytecode(root / "cache")
         st = None if args.skip_st else timed([sys.executable, "-c", ST_SCRIPT, str(corpus), str(model),
                                               str(root / f"st-{i}-{n}.parquet"), args.device], env)
         ratio = f"{st / wall:>11.2f}x" if st else f"{'-':>12}"
         print(f"{n:>9,} {wall:>11.1f} {st or 0:>12.1f} {ratio} {wall - report['run_seconds']:>8.1f} "
               f"{report['run_seconds']:>7.1f} {'empty' if i == 0 else 'warm'}  [{report['decisions']['backend']}; "
               f"compile {report['decisions']['compile']}]", flush=True)
-        print("          startup: " + ", ".join(f"{k} {v:.1f}s" for k, v in report.get("startup", {}).items()),
-              flush=True)
+        print("          startup: " + ", ".join(f"{k} {v:.1f}s" for k, v in report.get("startup", {}).items())
+              + f"; {settled}", flush=True)
     if args.warm_size:
         corpus = root / f"corpus-{args.warm_size}.parquet"
         if not corpus.exists():

@@ -230,9 +230,15 @@ def main(prog: str, description: str, tasks: Sequence[str], argv: Sequence[str] 
         line = resume_line(spec)
         if line:
             print(f"{prog}: {line}", flush=True)
+        from workers import bytecode
+
+        bytecode.use()  # before torch and transformers are imported
         from jobs.driver import run_job
 
-        outcome = run_job(spec, started_at=process_start())
+        try:
+            outcome = run_job(spec, started_at=process_start())
+        finally:
+            bytecode.fill_later()
     except KeyboardInterrupt:
         if debug:
             raise

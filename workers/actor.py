@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from states.options import ModelOptions
+from workers import bytecode
 from workers.options import UnitOptions
 
 if TYPE_CHECKING:  # torch and transformers load in `load`, so a new actor answers `ready()` at once
@@ -67,9 +68,13 @@ class Worker:
             if self.runtime is not None:
                 return {"model_load": 0.0}
             t, compiled = time.perf_counter(), _compile_seconds()
+            if self.in_ray:  # an actor's own process (locally, the CLI's process has decided)
+                bytecode.use()
             from states.runtime import Runtime
 
             self.runtime = Runtime(self.model_options)
+            if self.in_ray:
+                bytecode.fill_later()
             self.loads += 1
             self.load_seconds = time.perf_counter() - t
             compile_seconds = _compile_seconds() - compiled
