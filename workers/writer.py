@@ -129,12 +129,18 @@ class ShardWriter:
         one is encoded (so row groups stay in order and at most two are held)."""
         self._wait()
         if self._pending:
-            table = pa.concat_tables(self._pending)
-            self._pending = []
+            table = self._take_pending()
             if self._encoder is None:
-                self._open()
                 self._encoder = ThreadPoolExecutor(1, thread_name_prefix="encode")
             self._encoding = self._encoder.submit(self._encode, table)
+
+    def _take_pending(self) -> pa.Table:
+        """The pending rows as one row group's table, the file opened for it if not yet."""
+        table = pa.concat_tables(self._pending)
+        self._pending = []
+        if self._writer is None:
+            self._open()
+        return table
 
     def _wait(self) -> None:
         encoding, self._encoding = self._encoding, None
@@ -165,8 +171,9 @@ class ShardWriter:
         assert self._schema is not None, "a shard needs at least one write, empty or not"
         try:
             try:
-                self._flush()
                 self._wait()
+                if self._pending:  # the last row group: encoded here, nothing follows it
+                    self._encode(self._take_pending())
                 if self._writer is None:  # no rows: the file holds the schema alone
                     self._open()
             except OSError:  # named by `_open` or `_encode`
