@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from bench.__main__ import SHAPES, build_model, make_corpus, pooling_of, tokenize_corpus
+from states import ragged
 from states.compiling import GeluEpilogue, compile_blocks
 from states.interface import Pack
 from states.runtime import ModelOptions, Runtime
@@ -51,13 +52,17 @@ def group_packs(enc: Encoded, max_tokens: int, packed: bool, window_rows: int = 
 
 def device_seconds(runtime: Runtime, packs: list[Pack], copy_home: bool = False) -> float:
     """CUDA time of every pack's compute back to back (with `copy_home`, and of copying each
-    pack's outputs to the host, as a worker does)."""
+    pack's outputs to the host, as a worker does: a pack's `Pending` outputs resolved once
+    the next pack is queued)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
-    for pack in packs:
-        out = runtime.compute(pack.to("cuda", non_blocking=True))
-        for value in out.values() if copy_home else ():
-            value.to("cpu", non_blocking=True)
+    held = None
+    for pack in [*packs, None]:
+        out = None if pack is None else runtime.launch(pack.to("cuda", non_blocking=True))
+        for value in ragged.resolve(held).values() if held is not None else ():
+            if copy_home:
+                value.to("cpu", non_blocking=True)
+        held = out
     end.record()
     end.synchronize()
     return start.elapsed_time(end) / 1e3

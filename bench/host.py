@@ -37,7 +37,7 @@ class FreeRuntime:
         self.output_shapes = {"embedding": (dim,)}
         self._vectors = torch.full((4096, dim), dim ** -0.5)
 
-    def compute(self, pack: Pack) -> dict[str, torch.Tensor]:
+    def launch(self, pack: Pack) -> dict[str, torch.Tensor]:
         return {"embedding": self._vectors[: pack.num_seqs]}
 
     def token_budget(self) -> int:

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from states.interface import Pack
-from states.ragged import Ragged
+from states.ragged import Pending, Ragged
 
 
 class WorkerRuntime(Protocol):
@@ -36,9 +36,11 @@ class WorkerRuntime(Protocol):
     ranges: np.ndarray | None
     normalize: bool
 
-    def compute(self, pack: Pack) -> dict[str, torch.Tensor | Ragged]:
+    def launch(self, pack: Pack) -> dict[str, torch.Tensor | Ragged | Pending]:
         """One pack, already on `device` -> the task's outputs, each (B, ...) float32 or a
-        `Ragged` (B rows of a variable number of items); asynchronous on CUDA."""
+        `Ragged` (B rows of a variable number of items), queued on the device without
+        waiting for it; outputs whose width only the device knows come as a `Pending`
+        (`states.ragged.resolve` gives them, waiting for the device that far)."""
         ...
 
     def token_budget(self) -> int:

@@ -6,10 +6,16 @@ home without a device->host sync (a flat layout would need the total count first
 worker keeps each pack's `Ragged` apart (widths differ per pack) and flattens them on the
 host (`flatten`) into values + per-row lengths, the layout Arrow list columns store; memory
 stays bounded by a launch group, like dense outputs.
+
+Where the widest row is known only to the device (a SPLADE row keeps every positive
+weight), `Runtime.launch` returns a `Pending` in place of the outputs: the width comes home
+without the host waiting for it, and `resolve` later waits for the device to reach that
+point only, then queues the padded outputs at that width.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +40,49 @@ class Ragged:
     @classmethod
     def empty(cls, item_shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> Ragged:
         return cls(torch.zeros((0, 0, *item_shape), dtype=dtype), torch.zeros(0, dtype=torch.int64))
+
+
+class Pending:
+    """Ragged outputs of one pack whose width is a device value (`size`, a 0-d integer
+    tensor): `resolve()` -> `finish(width)`, the outputs at that width.
+
+    Why: reading the width at once makes the host wait for the pack's whole forward, and
+    the device then idles while the host launches the next pack. A worker resolves a launch
+    group's pending outputs after it has queued the next group's packs (`workers.unit`), so
+    the wait overlaps device work; resolving waits on an event recorded right after the
+    width's copy, not on the stream (which would wait for the packs queued since)."""
+
+    def __init__(self, size: torch.Tensor, finish: Callable[[int], dict[str, Ragged]]) -> None:
+        self._finish = finish
+        self._event: torch.cuda.Event | None = None
+        if size.device.type == "cuda":
+            self._size = torch.empty((), dtype=size.dtype, pin_memory=True)
+            self._size.copy_(size, non_blocking=True)
+            self._event = torch.cuda.Event(blocking=True)  # the waiter sleeps, not spins
+            self._event.record()
+        else:
+            self._size = size
+
+    @torch.inference_mode()
+    def resolve(self) -> dict[str, Ragged]:
+        if self._event is not None:
+            self._event.synchronize()
+        return self._finish(int(self._size))
+
+
+def resolve(outputs: dict[str, torch.Tensor | Ragged | Pending]) -> dict[str, torch.Tensor | Ragged]:
+    """A pack's outputs (`Runtime.launch`) with each `Pending` replaced by what it resolves to."""
+    done: dict[str, torch.Tensor | Ragged] = {}
+    for key, value in outputs.items():
+        if isinstance(value, Pending):
+            done.update(value.resolve())
+        else:
+            done[key] = value
+    return done
+
+
+def pending(outputs: dict[str, torch.Tensor | Ragged | Pending]) -> bool:
+    return any(isinstance(v, Pending) for v in outputs.values())
 
 
 def flatten(parts: list[Ragged]) -> tuple[np.ndarray, np.ndarray]:

@@ -2,7 +2,8 @@
 pipeline around it, and resolved task settings.
 
 `load_runtime(options)` is the one place a model is loaded (in a test, in-process, or in
-a Ray actor); `Runtime.compute(pack)` turns a pack into the task's output tensors.
+a Ray actor); `Runtime.compute(pack)` turns a pack into the task's output tensors, and
+`Runtime.launch(pack)` queues them, leaving what only the device can size `Pending`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from states.packed import position_offset
 from states.pipeline import Pipeline, model_limit, read_pipeline
 from states.pooling import check_mode, finish, pool
 from states.quantization import calibration_ranges
-from states.ragged import Ragged
+from states import ragged
+from states.ragged import Pending, Ragged
 from states.routing import init_model_state
 from states.sparse import SpladeHead, sparse_head
 
@@ -253,10 +255,16 @@ class Runtime:
             out["calibration_ranges"] = json.dumps(np.asarray(self.ranges, np.float32).tolist())
         return out
 
-    @torch.inference_mode()
     def compute(self, pack: Pack) -> dict[str, torch.Tensor | Ragged]:
         """One pack (already on `self.device`) -> the task's outputs, each (B, ...) float32, or a
         `Ragged` per row (sparse, multivector: `states.ragged`), all from one forward."""
+        return ragged.resolve(self.launch(pack))
+
+    @torch.inference_mode()
+    def launch(self, pack: Pack) -> dict[str, torch.Tensor | Ragged | Pending]:
+        """`compute`'s outputs as queued on the device, nothing waited for: those whose width
+        the device decides (SPLADE's every positive weight) as a `Pending` under the key
+        "sparse" (`ragged.resolve` gives them)."""
         if self.options.task == "embed":
             if self.layer_pooling is not None:
                 hidden = self.layer_pooling(self.state.hidden_states(pack, all_layers=True))  # (L+1, T, H) -> (T, H)
@@ -269,7 +277,11 @@ class Runtime:
                     pooled = module(pooled)  # (B, D)
                 out["embedding"] = finish(pooled, self.normalize, self.options.dim)
             if self.sparse is not None:
-                out.update(self.sparse(hidden, pack))
+                sparse = self.sparse(hidden, pack)
+                if isinstance(sparse, Pending):
+                    out["sparse"] = sparse
+                else:
+                    out.update(sparse)
             if self.token_vectors is not None:
                 out["multivector"] = self.token_vectors(hidden, pack.input_ids, pack.cu_seqlens, pack.max_len)
             return out

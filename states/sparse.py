@@ -21,7 +21,7 @@ from states.errors import ModelLoadError
 from states.interface import Pack
 from states.modules import load_linear
 from states.pipeline import Pipeline
-from states.ragged import Ragged
+from states.ragged import Pending, Ragged
 from states.segment_max import segment_max_
 
 POOLING_STRATEGIES = ("max", "sum")
@@ -122,35 +122,41 @@ class SpladeHead(nn.Module):
         return {"pooling_strategy": self.strategy, "activation": self.activation, "top_k": self.top_k,
                 "threshold": self.threshold}
 
-    def forward(self, hidden: torch.Tensor, pack: Pack) -> dict[str, Ragged]:
+    def forward(self, hidden: torch.Tensor, pack: Pack) -> dict[str, Ragged] | Pending:
         """hidden (T, H) -> `sparse_indices` (int32) and `sparse_values` (float32) per row, by
         ascending index.
 
-        With `top_k` the kept width is known, so nothing waits for the device; without it
-        the widest row's count is read first (one sync per pack) and every positive weight
-        is kept (`positive`)."""
+        With `top_k` the kept width is known; without it every positive weight is kept, at
+        the width of the row with most of them, which only the device knows (`positive`
+        returns them `Pending`)."""
         pooled = self.weights(hidden, pack.cu_seqlens)  # (B, V)
         if self.threshold is not None:
             pooled = torch.where(pooled > self.threshold, pooled, 0.0)
         return largest(pooled, self.top_k) if self.top_k else positive(pooled)
 
 
-def positive(weights: torch.Tensor) -> dict[str, Ragged]:
+def positive(weights: torch.Tensor) -> Pending:
     """weights (B, N) -> every positive weight of each row by ascending column, as Ragged
-    `sparse_indices` (int32) and `sparse_values` (float32), like `largest` with k = N.
+    `sparse_indices` (int32) and `sparse_values` (float32), like `largest` with k = N; the
+    width (the most any row keeps) is the device's, so they come `Pending` on it.
 
     Why not `largest`: a top-k as wide as the widest row (hundreds to thousands of a trained
     SPLADE model's 30,522 weights) sorts what is already in column order; a running count
     per row places each kept weight in one scatter instead."""
-    kept = weights > 0  # (B, N)
-    lengths = kept.sum(1)  # (B,)
-    width = max(1, int(lengths.max())) if weights.shape[0] else 1  # the one sync
-    slot = torch.where(kept, kept.cumsum(1) - 1, width)  # (B, N) place in its row; dropped -> the spare column
-    columns = torch.arange(weights.shape[1], device=weights.device, dtype=torch.int32).expand_as(weights)
-    indices = torch.full((weights.shape[0], width + 1), torch.iinfo(torch.int32).max, dtype=torch.int32,
-                         device=weights.device).scatter_(1, slot, columns)
-    values = torch.zeros((weights.shape[0], width + 1), device=weights.device).scatter_(1, slot, weights.float())
-    return {"sparse_indices": Ragged(indices[:, :width], lengths), "sparse_values": Ragged(values[:, :width], lengths)}
+    lengths = (weights > 0).sum(1)  # (B,)
+
+    def finish(most: int) -> dict[str, Ragged]:
+        width = max(1, most)
+        kept = weights > 0  # (B, N)
+        slot = torch.where(kept, kept.cumsum(1) - 1, width)  # (B, N) place in its row; dropped -> the spare column
+        columns = torch.arange(weights.shape[1], device=weights.device, dtype=torch.int32).expand_as(weights)
+        indices = torch.full((weights.shape[0], width + 1), torch.iinfo(torch.int32).max, dtype=torch.int32,
+                             device=weights.device).scatter_(1, slot, columns)
+        values = torch.zeros((weights.shape[0], width + 1), device=weights.device).scatter_(1, slot, weights.float())
+        return {"sparse_indices": Ragged(indices[:, :width], lengths),
+                "sparse_values": Ragged(values[:, :width], lengths)}
+
+    return Pending(lengths.max() if weights.shape[0] else lengths.new_zeros(()), finish)
 
 
 def largest(weights: torch.Tensor, k: int, ids: torch.Tensor | None = None) -> dict[str, Ragged]:

@@ -7,6 +7,8 @@ tokenizing as soon as its rows are read (`workers.tokenize_pool`); windows are f
 in order, merged into launch groups (`workers.batching`). Packs launch asynchronously;
 each group's outputs come home in one non-blocking copy, and a writer thread encodes
 them into the shard (`workers.assemble`, `ShardWriter`) once the device is past them.
+A group with `Pending` outputs (their width is the device's) is handed on after the next
+group's packs are queued, so that sizing them never leaves the device without work.
 Each stage runs in a `pooljobs.*` profiler range (`python -m bench.timeline`).
 
 `run` may be called from two threads at once: units launch one at a time, in the order
@@ -117,11 +119,13 @@ def _synthetic(ids: np.ndarray, total: int, longest: int) -> Encoded:
 class DeviceTimer:
     """Time the device spends on the work queued between construction and `stop`: CUDA
     events on a GPU (the host only sees launch time), the host clock elsewhere (where
-    compute is synchronous). The end event also marks when a group's outputs are home."""
+    compute is synchronous). `home` marks when a group's outputs are home (queued later
+    than `stop` where the group was held behind the next one)."""
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
         self._start = self._mark()
+        self._home: torch.cuda.Event | float | None = None
 
     def _mark(self) -> torch.cuda.Event | float:
         if not self.cuda:
@@ -133,12 +137,31 @@ class DeviceTimer:
     def stop(self) -> None:
         self._end = self._mark()
 
+    def home(self) -> None:
+        self._home = self._mark()
+
     def seconds(self) -> float:
-        """Waits for the device to reach `stop`."""
+        """Waits for the device to reach `home` (or `stop`); the seconds up to `stop`."""
         if not self.cuda:
             return self._end - self._start
-        self._end.synchronize()
+        (self._home or self._end).synchronize()
         return self._start.elapsed_time(self._end) / 1e3
+
+
+@dataclass
+class Group:
+    """A launch group whose packs are queued: what its writer part needs."""
+
+    window: EncodedWindow
+    rows: list[np.ndarray]  # each pack's unit rows
+    chunks: list[np.ndarray]  # each pack's rows' chunk numbers
+    outputs: list[dict[str, torch.Tensor | Ragged | ragged.Pending]]  # each pack's, as launched
+    padded: int  # tokens the device computes, padding included
+    timer: DeviceTimer
+
+    @property
+    def pending(self) -> bool:
+        return any(ragged.pending(o) for o in self.outputs)
 
 
 class UnitRunner:
@@ -218,7 +241,7 @@ class UnitRunner:
                 plan = PackPlan(np.arange(len(enc.lengths)))
                 for _ in range(WARM_IN_FLIGHT):
                     budget = self.max_tokens
-                    self._to_host([out for _, out in self._forward(enc, plan)])
+                    self._to_host([ragged.resolve(out) for _, out in self._forward(enc, plan)])
                     if self.max_tokens < budget:  # out of memory: `_forward` halved the budget, which now holds
                         return
                 if total >= min(self.max_tokens, group):
@@ -296,22 +319,29 @@ class UnitRunner:
 
     def _launch_groups(self, windows: WindowStream, shard: ShardWriter, source: Future, launched: Launched) -> None:
         """Launch the unit's windows group by group (`batching.launch_groups`), each
-        group's packs on the device and its rows queued for the writer thread."""
+        group's packs on the device and its rows queued for the writer thread; a group
+        with pending outputs is handed on once the next one is queued (or the unit ends)."""
         groups = launch_groups(windows)
+        held: Group | None = None
         while True:
             t = time.perf_counter()
             with record_function("pooljobs.wait_tokens"):
                 window = next(groups, None)
             launched.wait_seconds += time.perf_counter() - t
             if window is None:
+                if held is not None:
+                    launched.add(held.window, *self._hand_on(held, shard, source))
                 return
             with record_function("pooljobs.launch"):
-                part, padded = self._launch(window, shard, source)
-            launched.add(window, part, padded)
+                group = self._launch(window)
+            if held is not None:
+                launched.add(held.window, *self._hand_on(held, shard, source))
+            held = group if group.pending else None
+            if held is None:
+                launched.add(window, *self._hand_on(group, shard, source))
 
-    def _launch(self, window: EncodedWindow, shard: ShardWriter, source: Future) -> tuple[Future, int]:
-        """Queue a launch group's packs on the device and its rows for the writer thread;
-        (the writer's future, tokens the device computes, padding included)."""
+    def _launch(self, window: EncodedWindow) -> Group:
+        """Queue a launch group's packs on the device."""
         enc, lengths, packed = window.encoded, window.encoded.lengths, self.runtime.packed
         timer = DeviceTimer(self.runtime.device)
         rows, chunks, outputs, padded = [], [], [], 0
@@ -321,9 +351,16 @@ class UnitRunner:
                 rows.append(window.kept[enc.source[pack_rows]])
                 chunks.append(enc.chunk[pack_rows])
                 outputs.append(out)
-        host = self._to_host(outputs)  # not waited for: the writer waits for the device to pass `timer`
         timer.stop()
-        return self._writes.submit(self._write_part, shard, source, rows, chunks, host, timer), padded
+        return Group(window, rows, chunks, outputs, padded, timer)
+
+    def _hand_on(self, group: Group, shard: ShardWriter, source: Future) -> tuple[Future, int]:
+        """A queued group's outputs resolved and copied home, its rows queued for the writer
+        thread; (the writer's future, tokens the device computes, padding included)."""
+        host = self._to_host([ragged.resolve(out) for out in group.outputs])  # not waited for: the writer waits for `home`
+        group.timer.home()
+        return self._writes.submit(self._write_part, shard, source, group.rows, group.chunks, host, group.timer), \
+            group.padded
 
     def _forward(self, encoded: Encoded, plan: PackPlan) -> list[tuple[np.ndarray, dict[str, torch.Tensor]]]:
         """Launch one pack (asynchronously on CUDA); on out-of-memory, halve the budget
@@ -331,7 +368,7 @@ class UnitRunner:
         with record_function("pooljobs.pack"):
             pack = build_pack(encoded, plan) if self._staging is None else self._staging.stage(encoded, plan)
         try:
-            return [(plan.rows, self.runtime.compute(pack))]
+            return [(plan.rows, self.runtime.launch(pack))]
         except torch.OutOfMemoryError:
             if len(plan.rows) == 1:
                 raise

@@ -50,6 +50,33 @@ def test_api_sparse_and_multivector(models):
         np.testing.assert_allclose(got, np.asarray(ref), atol=2e-3)
 
 
+def test_pending_widths_across_many_launch_groups(models, monkeypatch, tmp_path):
+    """Every positive weight (the default sparse output, its width the device's) over many
+    launch groups of several packs each: each group is handed on behind the next one
+    (`workers.unit`), and the shard still holds every row once, in input order, with its
+    own weights."""
+    from sentence_transformers import SparseEncoder
+
+    from tests.states.hf_reference import random_texts
+
+    splade, _ = models
+    monkeypatch.setattr("workers.batching.FIRST_GROUP_TOKENS", 64)
+    monkeypatch.setattr("workers.batching.GROUP_TOKENS", 128)
+    texts = random_texts(120, seed=3)
+    pq.write_table(pa.table({"id": list(range(len(texts))), "text": texts}), tmp_path / "in.parquet")
+    argv = ["--input", str(tmp_path / "in.parquet"), "--output", str(tmp_path / "out"), "--model", str(splade),
+            "--id-column", "id", "--device", "cpu", "--backend", "local", "--no-progress", "--max-tokens", "48",
+            "--window-rows", "8"]
+    assert main("jobs.embed", "", ("embed",), argv, {"task": "embed"}) == 0
+    out = pq.read_table(tmp_path / "out" / "data")
+    assert out.column("id").to_pylist() == list(range(len(texts)))
+    want = SparseEncoder(str(splade), device="cpu").encode(texts, convert_to_tensor=True).to_dense().numpy()
+    for row, ref in enumerate(want):
+        indices = np.asarray(out.column("sparse_indices")[row].as_py())
+        np.testing.assert_array_equal(indices, np.nonzero(ref)[0])
+        np.testing.assert_allclose(out.column("sparse_values")[row].as_py(), ref[indices], rtol=1e-5, atol=1e-5)
+
+
 def test_cli_writes_what_verify_accepts(models, tmp_path):
     splade, colbert = models
     src = tmp_path / "in.parquet"

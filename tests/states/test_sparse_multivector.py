@@ -13,7 +13,7 @@ from hf_reference import random_texts
 from states.errors import ModelLoadError
 from states.interface import Pack
 from states.pipeline import read_pipeline
-from states.ragged import Ragged, flatten, take
+from states.ragged import Pending, Ragged, flatten, take
 from states.runtime import ModelOptions, Runtime
 from tests.sparse_models import m3_reference, save_colbert, save_m3, save_splade
 
@@ -81,7 +81,9 @@ def test_positive_keeps_every_positive_weight_in_column_order():
     weights = torch.relu(torch.randn(6, 50))
     weights[2] = 0
     weights[4, 7:] = 0
-    got, want = positive(weights), largest(weights, 50)
+    pending = positive(weights)
+    assert isinstance(pending, Pending)  # its width is the device's: the caller resolves it when it chooses
+    got, want = pending.resolve(), largest(weights, 50)
     assert got["sparse_indices"].lengths.tolist() == (weights > 0).sum(1).tolist()
     for name in ("sparse_indices", "sparse_values"):
         torch.testing.assert_close(got[name].lengths, want[name].lengths)
