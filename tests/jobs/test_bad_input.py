@@ -139,7 +139,7 @@ def test_oom_splits_the_pack_and_output_is_unchanged(make_spec, tmp_path, monkey
     spec = make_spec(tmp_path / "a", backend="local", max_tokens=4096)
     runner = UnitRunner(spec.unit_options, Runtime(spec.model_options))
     calls = {"oom": 0}
-    compute = runner.runtime.compute
+    compute = runner.runtime.launch
 
     def flaky(pack):
         if pack.num_seqs > 8:
@@ -152,7 +152,7 @@ def test_oom_splits_the_pack_and_output_is_unchanged(make_spec, tmp_path, monkey
     unit = plan_units(spec, list_inputs(spec))[0]
     clean = runner.run(unit)
     clean_table = pq.read_table(tmp_path / "a" / "data" / f"{unit.name}.parquet")
-    monkeypatch.setattr(runner.runtime, "compute", flaky)
+    monkeypatch.setattr(runner.runtime, "launch", flaky)
     split = UnitRunner(spec.replace(output=str(tmp_path / "b")).unit_options, runner.runtime)  # its own shard
     result = split.run(unit)
     assert calls["oom"] > 0 and split.max_tokens < 4096

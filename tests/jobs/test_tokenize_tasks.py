@@ -58,7 +58,7 @@ def test_first_window_launches_before_the_last_is_sent(make_spec, tmp_path, monk
     unit = plan_units(spec, list_inputs(spec))[0]
     runner = UnitRunner(spec.unit_options, Runtime(spec.model_options))
     events: list[str] = []
-    submit, compute = runner.tokenizer.submit, runner.runtime.compute
+    submit, compute = runner.tokenizer.submit, runner.runtime.launch
 
     def slow_submit(*args):
         time.sleep(0.02)
@@ -66,7 +66,7 @@ def test_first_window_launches_before_the_last_is_sent(make_spec, tmp_path, monk
         return submit(*args)
 
     runner.tokenizer.submit = slow_submit
-    runner.runtime.compute = lambda pack: (events.append("launch"), compute(pack))[1]
+    runner.runtime.launch = lambda pack: (events.append("launch"), compute(pack))[1]
     result = runner.run(unit)
     assert result.rows > 0 and events.count("sent") > 3
     assert events.index("launch") < len(events) - 1 - events[::-1].index("sent")  # a launch before the last send
@@ -186,7 +186,7 @@ def test_units_take_the_device_in_the_order_they_were_called(make_spec, tmp_path
     spec = make_spec(tmp_path / "o", backend="local", window_rows=7)
     first, second = plan_units(spec, list_inputs(spec))[:2]
     runner = UnitRunner(spec.unit_options, Runtime(spec.model_options))
-    launches, compute = [], runner.runtime.compute
+    launches, compute = [], runner.runtime.launch
     current = threading.local()
 
     class SlowFirst(workers.unit.ShardWriter):
@@ -200,7 +200,7 @@ def test_units_take_the_device_in_the_order_they_were_called(make_spec, tmp_path
         return runner.run(unit)
 
     monkeypatch.setattr(workers.unit, "ShardWriter", SlowFirst)
-    runner.runtime.compute = lambda pack: (launches.append(current.unit), compute(pack))[1]
+    runner.runtime.launch = lambda pack: (launches.append(current.unit), compute(pack))[1]
     called = threading.Thread(target=run, args=(first,))
     called.start()
     time.sleep(0.05)  # `run(first)` is called first
