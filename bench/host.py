@@ -3,7 +3,7 @@ tokenize, pack, then the writer thread's reordering, copies and Parquet encoding
 
     python -m bench.host --tokenizer DIR [--rows 200000] [--duplicates 0.3] [--dim 384] [--runs 2]
 
-`UnitRunner.run` on the CPU over one unit of `bench.dedup`'s corpus, its runtime's `compute`
+`UnitRunner.run` on the CPU over one unit of `bench.dedup`'s corpus, its runtime's `launch`
 returning constant vectors of `--dim` at once: the figure is the most rows per second one
 worker's host side can take through, whatever the device, and each stage's seconds per row
 (the stages overlap: feed and tokenize run ahead of the launch, the writer behind it).

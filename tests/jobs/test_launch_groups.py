@@ -36,9 +36,9 @@ def test_windows_join_a_group_until_it_holds_its_target(make_spec, tmp_path, mon
     groups: list[int] = []  # tokens of every launch group, in order
     launch = runner._launch
 
-    def record_group(window, shard, source):
+    def record_group(window):
         groups.append(window.tokens)
-        return launch(window, shard, source)
+        return launch(window)
 
     monkeypatch.setattr(runner.tokenizer, "submit", record_window)
     monkeypatch.setattr(runner, "_launch", record_group)
