@@ -37,8 +37,8 @@ from states.runtime import ModelOptions, Runtime
 # name -> (model: "sparse" | "multivector" directory, ModelOptions overrides)
 VARIANTS: dict[str, tuple[str, dict]] = {
     "dense": ("sparse", {"outputs": "dense", "pooling": "mean", "normalize": True}),
-    "sparse": ("sparse", {"outputs": "sparse"}),  # every nonzero weight: one count read per pack
-    "sparse-top256": ("sparse", {"outputs": "sparse", "sparse_top_k": 256}),  # no sync
+    "sparse": ("sparse", {"outputs": "sparse"}),  # every nonzero weight: its width Pending, resolved a pack later
+    "sparse-top256": ("sparse", {"outputs": "sparse", "sparse_top_k": 256}),  # a width known to the host
     "sparse-trained": ("trained", {"outputs": "sparse"}),  # every nonzero weight, trained-like sparsity
     "dense+sparse": ("sparse", {"outputs": "dense,sparse", "pooling": "mean", "sparse_top_k": 256}),
     "multivector": ("multivector", {"outputs": "multivector"}),
