@@ -40,16 +40,16 @@ def _pool_one(hidden: torch.Tensor, cu_seqlens: torch.Tensor, mode: str, skip: i
             h = h.masked_fill(keep == 0, float("-inf"))
         out = torch.full((lengths.numel(), h.shape[1]), float("-inf"), device=h.device)
         return out.scatter_reduce_(0, seg[:, None].expand_as(h), h, reduce="amax")
+    weights = (positions + 1).float()[:, None] if mode == "weightedmean" else None  # (T, 1); None: each weighs 1
+    if keep is not None:
+        weights = keep if weights is None else weights * keep
     summed = torch.zeros(lengths.numel(), h.shape[1], device=h.device)  # (B, H)
-    if mode == "weightedmean" or keep is not None:
-        weights = (positions + 1).float()[:, None] if mode == "weightedmean" else torch.ones_like(h[:, :1])  # (T, 1)
-        if keep is not None:
-            weights = weights * keep
-        summed.index_add_(0, seg, h * weights)
-        total = torch.zeros(lengths.numel(), 1, device=h.device).index_add_(0, seg, weights).clamp_min(1e-9)  # (B, 1)
-    else:  # every token weighs 1: the same sums without a (T, H) product, the counts are the lengths
+    if weights is None:  # no (T, H) product by ones: the sums of the states, the counts are the lengths
         summed.index_add_(0, seg, h)
         total = lengths.float().clamp_min(1e-9)[:, None]  # (B, 1)
+    else:
+        summed.index_add_(0, seg, h * weights)
+        total = torch.zeros(lengths.numel(), 1, device=h.device).index_add_(0, seg, weights).clamp_min(1e-9)  # (B, 1)
     if mode in ("mean", "weightedmean"):
         return summed / total
     if mode == "mean_sqrt_len_tokens":

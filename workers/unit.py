@@ -330,15 +330,17 @@ class UnitRunner:
             launched.wait_seconds += time.perf_counter() - t
             if window is None:
                 if held is not None:
-                    launched.add(held.window, *self._hand_on(held, shard, source))
+                    self._hand_on(held, shard, source, launched)
                 return
             with record_function("pooljobs.launch"):
                 group = self._launch(window)
             if held is not None:
-                launched.add(held.window, *self._hand_on(held, shard, source))
-            held = group if group.pending else None
-            if held is None:
-                launched.add(window, *self._hand_on(group, shard, source))
+                self._hand_on(held, shard, source, launched)
+                held = None
+            if group.pending:
+                held = group
+            else:
+                self._hand_on(group, shard, source, launched)
 
     def _launch(self, window: EncodedWindow) -> Group:
         """Queue a launch group's packs on the device."""
@@ -354,15 +356,16 @@ class UnitRunner:
         timer.stop()
         return Group(window, rows, chunks, outputs, padded, timer)
 
-    def _hand_on(self, group: Group, shard: ShardWriter, source: Future) -> tuple[Future, int]:
+    def _hand_on(self, group: Group, shard: ShardWriter, source: Future, launched: Launched) -> None:
         """A queued group's outputs resolved and copied home, its rows queued for the writer
-        thread; (the writer's future, tokens the device computes, padding included)."""
+        thread (`launched` keeps the writer's future)."""
         host = self._to_host([ragged.resolve(out) for out in group.outputs])  # not waited for: the writer waits for `home`
         group.timer.home()
-        return self._writes.submit(self._write_part, shard, source, group.rows, group.chunks, host, group.timer), \
-            group.padded
+        part = self._writes.submit(self._write_part, shard, source, group.rows, group.chunks, host, group.timer)
+        launched.add(group.window, part, group.padded)
 
-    def _forward(self, encoded: Encoded, plan: PackPlan) -> list[tuple[np.ndarray, dict[str, torch.Tensor]]]:
+    def _forward(self, encoded: Encoded, plan: PackPlan
+                 ) -> list[tuple[np.ndarray, dict[str, torch.Tensor | Ragged | ragged.Pending]]]:
         """Launch one pack (asynchronously on CUDA); on out-of-memory, halve the budget
         and split the pack."""
         with record_function("pooljobs.pack"):
