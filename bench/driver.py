@@ -1,15 +1,15 @@
 """The driver's own costs at corpus scale, on the CPU (no model, no workers).
 
-    python -m bench.driver [--files 100000] [--s3-files 100000] [--commits 2000] [--tally-keys 10000000]
+    python -m bench.driver [--files 100000] [--s3-files 100000] [--s3-servers s3rver,moto] [--commits 2000] [--tally-keys 10000000]
 
 Prints one line per target of issue 22 with its figure and the machine's load:
   * plan N local one-row Parquet files into N units (`unit_rows=1`): `list_inputs` + `plan_units`;
   * resume with N committed units, local: the listing, the saved plan (no footer read) and
     one listing of `_manifest/`, up to the list of units left to dispatch;
-  * the same two on moto's S3 server, run in a process of its own (`bench.moto_process`),
-    with the requests it answered and its CPU time;
+  * the same two on an S3 test server (s3rver, or moto, the tests' server), run in a
+    process of its own (`bench.s3_servers`), with the requests it answered and its CPU time;
   * per-commit cost on the dispatch thread (`Manifest.commit`) and to store the records
-    (`flush`), local disk and moto S3, with requests per commit;
+    (`flush`), local disk and S3, with requests per commit;
   * `jobs.verify`'s key tally over M int64 ids: peak memory growth and time, extrapolated to 10^9;
   * optionally (`--small-files N`) a job over many tiny Parquet files against one file of
     the same rows (tiny BERT, CPU).
@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from bench.moto_process import MotoProcess
+from bench.s3_servers import MotoProcess, S3rverProcess, S3ServerProcess
 from jobs.manifest import MANIFEST_DIR, Manifest
 from jobs.plan import list_inputs, plan_units, save_plan, saved_or_planned
 from jobs.spec import JobSpec
@@ -115,10 +115,13 @@ def bench_local(root: Path, files: int) -> None:
          f"{seconds:.2f} s to the {todo:,} units left (plan reused)", seconds <= 5)
 
 
-def bench_s3(files: int, commits: int) -> None:
-    with MotoProcess() as server:
+def bench_s3(server_type: type[S3ServerProcess], files: int, commits: int) -> None:
+    """The local lines' planning and resume, and commits, on an S3 test server. Inputs lie
+    a thousand to a prefix, as in `bench_local`."""
+    with server_type() as server:
+        where = f"{server.name} S3"
         options = server.options()
-        server.seed("bench", "in/f{:06d}.parquet", files, _corpus_file())
+        server.seed_keys("bench", [f"in/d{i // 1000:04d}/f{i:06d}.parquet" for i in range(files)], _corpus_file())
         server.seed_keys("out", [], b"")  # outputs in a bucket of their own: moto walks a whole bucket per listed page
         spec = _spec("s3://bench/in/", "s3://out/job/", options)
         server.requests()
@@ -126,22 +129,24 @@ def bench_s3(files: int, commits: int) -> None:
         seconds, client, units = _plan(spec)
         assert len(units) == files
         requests, cpu = server.requests(), server.cpu_seconds() - cpu
-        line(f"plan {files:,} files on moto S3 (target <= 120 s at 100k)",
+        line(f"plan {files:,} files on {where} (target <= 120 s at 100k)",
              f"{seconds:.1f} s ({seconds / files * 1e3:.2f} ms/file; {sum(requests.values()) / files:.2f} requests/file; "
-             f"CPU-s: moto {cpu:.0f}, planner {client:.0f})", seconds * 100_000 / files <= 120)
+             f"CPU-s: {server.name} {cpu:.0f}, planner {client:.0f})", seconds * 100_000 / files <= 120)
         _prepared(spec, units).close()
         left = units[-1000:]
         server.seed_keys("out", [f"job/{MANIFEST_DIR}/{u.name}.json" for u in units[:-1000]], str(RECORD).encode())
         server.requests()
+        cpu = server.cpu_seconds()
         seconds, todo, reused = _resume(spec)
         assert reused and todo == len(left)
-        requests = server.requests()
-        line(f"resume with {files - len(left):,} committed, moto S3 (target <= 60 s)",
-             f"{seconds:.1f} s to the {todo:,} units left (plan reused; {sum(requests.values())} requests)", seconds <= 60)
-        _commits(Manifest("s3://out/commits/", options), commits, "moto S3", 2, server)
+        requests, cpu = server.requests(), server.cpu_seconds() - cpu
+        line(f"resume with {files - len(left):,} committed, {where} (target <= 60 s)",
+             f"{seconds:.1f} s to the {todo:,} units left (plan reused; {sum(requests.values())} requests; "
+             f"{server.name} {cpu:.0f} CPU-s)", seconds <= 60)
+        _commits(Manifest("s3://out/commits/", options), commits, where, 2, server)
 
 
-def _commits(manifest: Manifest, n: int, where: str, target: float, server: MotoProcess | None = None) -> None:
+def _commits(manifest: Manifest, n: int, where: str, target: float, server: S3ServerProcess | None = None) -> None:
     manifest.prepare({"bench": where}, overwrite=False)
     if server is not None:
         server.requests()
@@ -235,6 +240,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="bench.driver", description=__doc__.splitlines()[0])
     parser.add_argument("--files", type=int, default=100_000)
     parser.add_argument("--s3-files", type=int, default=100_000)
+    parser.add_argument("--s3-servers", default="s3rver", help="comma-separated: s3rver (Node.js, npm), moto")
     parser.add_argument("--commits", type=int, default=2_000)
     parser.add_argument("--tally-keys", type=int, nargs=2, default=[5_000_000, 20_000_000],
                         help="two id counts, both above jobs.tally.RUN_KEYS: memory must not grow between them")
@@ -245,7 +251,8 @@ def main() -> None:
     try:
         bench_local(root, args.files)
         _commits(Manifest(str(root / "commits")), args.commits, "local disk", 1)
-        bench_s3(args.s3_files, args.commits)
+        for name in args.s3_servers.split(","):
+            bench_s3({"moto": MotoProcess, "s3rver": S3rverProcess}[name], args.s3_files, args.commits)
         small, large = args.tally_keys
         growth = [bench_tally(small), bench_tally(large)]
         line(f"verify memory, {small:,} -> {large:,} ids (bounded)", f"peak +{growth[0]:.0f} -> +{growth[1]:.0f} MiB",

@@ -1,14 +1,20 @@
-"""moto's S3 server in a process of its own, for benchmarks of the S3 client side.
+"""S3 test servers in processes of their own, for benchmarks of the S3 client side.
 
-In the benchmark's own process moto answers under the same GIL as the code measured, so
-its request handling is charged to the driver. Here it runs apart, as moto's S3 app
-alone (without the dispatcher that matches every request against all AWS services,
-which doubles moto's time per request); `cpu_seconds` says how much of a figure is the
-server's own work. The parent seeds
-objects straight into its backend (creating 100k objects over HTTP would take longer
-than what is measured) and reads how many requests of each method it answered.
+In the benchmark's own process a server answers under the same GIL as the code measured,
+so its request handling is charged to the driver. Here each runs apart; `cpu_seconds`
+says how much of a figure is the server's own work. The parent seeds objects straight
+into the server's store (creating 100k objects over HTTP would take longer than what is
+measured) and reads how many requests of each method it answered.
 
-    with MotoProcess() as server:
+  * `MotoProcess`: moto's S3 app alone (without the dispatcher that matches every request
+    against all AWS services, which doubles moto's time per request), the server the
+    tests use. It spends 1.6-1.9 CPU-ms on each GET and walks the whole bucket for every
+    listed page, so at 100k objects it, not the client, sets the figure.
+  * `S3rverProcess`: s3rver (Node.js, objects as files in a directory; `bench/s3rver`,
+    installed with `npm ci` on first use). Its listing stats every entry of a directory
+    up to the page it returns, so it too grows with the square of one prefix's keys.
+
+    with S3rverProcess() as server:  # or MotoProcess()
         server.seed("bucket", "in/f{:06d}.parquet", 100_000, data)  # or seed_keys(bucket, keys, data)
         server.requests()  # {"GET": ..., "HEAD": ..., "PUT": ...} since the last call
 """
@@ -18,13 +24,16 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+S3RVER = REPO_ROOT / "bench" / "s3rver"
 
-SERVER = r"""
+MOTO_SERVER = r"""
 import base64, collections, json, logging, re, sys, threading
 from moto.core import DEFAULT_ACCOUNT_ID
 from moto.moto_server.werkzeug_app import create_backend_app
@@ -68,9 +77,18 @@ server.shutdown()
 """
 
 
-class MotoProcess:
-    def __enter__(self) -> MotoProcess:
-        self.process = subprocess.Popen([sys.executable, "-c", SERVER], cwd=REPO_ROOT, stdin=subprocess.PIPE,
+class S3ServerProcess:
+    """A server that prints `{"endpoint": ...}` on its first line, then answers one JSON
+    command per stdin line (`seed`, `count`) with one JSON line."""
+
+    name = ""
+    access_key = secret_key = "x"
+
+    def _command(self) -> list[str]:
+        raise NotImplementedError
+
+    def __enter__(self):
+        self.process = subprocess.Popen(self._command(), cwd=REPO_ROOT, stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, text=True)
         self.endpoint = json.loads(self.process.stdout.readline())["endpoint"]
         return self
@@ -85,7 +103,7 @@ class MotoProcess:
         self.seed_keys(bucket, [key.format(i) for i in range(count)], data)
 
     def seed_keys(self, bucket: str, keys: list[str], data: bytes) -> None:
-        """Objects at `keys`, each holding `data`."""
+        """Objects at `keys`, each holding `data` (an empty list: the bucket alone)."""
         self._ask({"do": "seed", "bucket": bucket, "keys": keys, "data": base64.b64encode(data).decode()})
 
     def requests(self) -> dict[str, int]:
@@ -99,9 +117,41 @@ class MotoProcess:
 
     def options(self) -> dict:
         """storage_options for pyarrow's S3 client against this server."""
-        return {"endpoint_override": self.endpoint, "scheme": "http", "access_key": "x", "secret_key": "x",
-                "region": "us-east-1"}
+        return {"endpoint_override": self.endpoint, "scheme": "http", "access_key": self.access_key,
+                "secret_key": self.secret_key, "region": "us-east-1"}
 
     def __exit__(self, *exc) -> None:
         self.process.stdin.close()
         self.process.wait(timeout=30)
+
+
+class MotoProcess(S3ServerProcess):
+    name = "moto"
+
+    def _command(self) -> list[str]:
+        return [sys.executable, "-c", MOTO_SERVER]
+
+
+class S3rverProcess(S3ServerProcess):
+    """s3rver over a temporary directory, removed on exit. Node.js runs it with OpenSSL's
+    legacy provider: s3rver encrypts its continuation tokens with DES, which OpenSSL 3
+    refuses otherwise (every second page of a listing would fail)."""
+
+    name = "s3rver"
+    access_key = secret_key = "S3RVER"  # the one key pair s3rver accepts
+
+    def __enter__(self):
+        # s3rver stores an aws-chunked body (the SDK's default with a trailing checksum)
+        # verbatim, framing and all; a plain body is what it can read back.
+        os.environ.setdefault("AWS_REQUEST_CHECKSUM_CALCULATION", "when_required")
+        return super().__enter__()
+
+    def _command(self) -> list[str]:
+        if not (S3RVER / "node_modules" / "s3rver").is_dir():
+            subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--silent"], cwd=S3RVER, check=True)
+        self.directory = tempfile.mkdtemp(prefix="bench-s3rver-")
+        return ["node", "--openssl-legacy-provider", str(S3RVER / "server.js"), self.directory]
+
+    def __exit__(self, *exc) -> None:
+        super().__exit__(*exc)
+        shutil.rmtree(self.directory, ignore_errors=True)
