@@ -8,14 +8,14 @@ measured) and reads how many requests of each method it answered.
 
   * `MotoProcess`: moto's S3 app alone (without the dispatcher that matches every request
     against all AWS services, which doubles moto's time per request), the server the
-    tests use. It spends 1.6-1.9 CPU-ms on each GET and walks the whole bucket for every
-    listed page, so at 100k objects it, not the client, sets the figure.
+    tests use. Its CPU per GET and its listing, which walks the whole bucket for every
+    page, set the figure at 100k objects, not the client (bench/RESULTS.md).
   * `S3rverProcess`: s3rver (Node.js, objects as files in a directory; `bench/s3rver`,
     installed with `npm ci` on first use). Its listing stats every entry of a directory
     up to the page it returns, so it too grows with the square of one prefix's keys.
 
     with S3rverProcess() as server:  # or MotoProcess()
-        server.seed("bucket", "in/f{:06d}.parquet", 100_000, data)  # or seed_keys(bucket, keys, data)
+        server.seed_keys("bucket", [f"in/f{i:06d}.parquet" for i in range(100_000)], data)
         server.requests()  # {"GET": ..., "HEAD": ..., "PUT": ...} since the last call
 """
 
@@ -98,10 +98,6 @@ class S3ServerProcess:
         self.process.stdin.flush()
         return json.loads(self.process.stdout.readline())
 
-    def seed(self, bucket: str, key: str, count: int, data: bytes) -> None:
-        """Objects `key.format(i)` for i < count, each holding `data`."""
-        self.seed_keys(bucket, [key.format(i) for i in range(count)], data)
-
     def seed_keys(self, bucket: str, keys: list[str], data: bytes) -> None:
         """Objects at `keys`, each holding `data` (an empty list: the bucket alone)."""
         self._ask({"do": "seed", "bucket": bucket, "keys": keys, "data": base64.b64encode(data).decode()})
@@ -144,12 +140,12 @@ class S3rverProcess(S3ServerProcess):
         # s3rver stores an aws-chunked body (the SDK's default with a trailing checksum)
         # verbatim, framing and all; a plain body is what it can read back.
         os.environ.setdefault("AWS_REQUEST_CHECKSUM_CALCULATION", "when_required")
-        return super().__enter__()
-
-    def _command(self) -> list[str]:
         if not (S3RVER / "node_modules" / "s3rver").is_dir():
             subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--silent"], cwd=S3RVER, check=True)
         self.directory = tempfile.mkdtemp(prefix="bench-s3rver-")
+        return super().__enter__()
+
+    def _command(self) -> list[str]:
         return ["node", "--openssl-legacy-provider", str(S3RVER / "server.js"), self.directory]
 
     def __exit__(self, *exc) -> None:
