@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from bench.s3_servers import MotoProcess, S3rverProcess, S3ServerProcess
+from bench.s3_servers import SERVERS, S3ServerProcess
 from jobs.manifest import MANIFEST_DIR, Manifest
 from jobs.plan import list_inputs, plan_units, save_plan, saved_or_planned
 from jobs.spec import JobSpec
@@ -240,19 +240,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="bench.driver", description=__doc__.splitlines()[0])
     parser.add_argument("--files", type=int, default=100_000)
     parser.add_argument("--s3-files", type=int, default=100_000)
-    parser.add_argument("--s3-servers", default="s3rver", help="comma-separated: s3rver (Node.js, npm), moto")
+    parser.add_argument("--s3-servers", default="s3rver", help=f"comma-separated, of: {', '.join(SERVERS)} (s3rver: Node.js, npm)")
     parser.add_argument("--commits", type=int, default=2_000)
     parser.add_argument("--tally-keys", type=int, nargs=2, default=[5_000_000, 20_000_000],
                         help="two id counts, both above jobs.tally.RUN_KEYS: memory must not grow between them")
     parser.add_argument("--small-files", type=int, default=0, help="also run the small-files job (tiny BERT)")
     args = parser.parse_args()
+    servers = args.s3_servers.split(",")
+    if unknown := sorted(set(servers) - set(SERVERS)):
+        parser.error(f"--s3-servers: unknown {', '.join(unknown)} (choose from {', '.join(SERVERS)})")
     print(f"bench.driver on {platform.node()} ({platform.processor() or platform.machine()}), {load()}")
     root = Path(tempfile.mkdtemp(prefix="bench-driver-"))
     try:
         bench_local(root, args.files)
         _commits(Manifest(str(root / "commits")), args.commits, "local disk", 1)
-        for name in args.s3_servers.split(","):
-            bench_s3({"moto": MotoProcess, "s3rver": S3rverProcess}[name], args.s3_files, args.commits)
+        for name in servers:
+            bench_s3(SERVERS[name], args.s3_files, args.commits)
         small, large = args.tally_keys
         growth = [bench_tally(small), bench_tally(large)]
         line(f"verify memory, {small:,} -> {large:,} ids (bounded)", f"peak +{growth[0]:.0f} -> +{growth[1]:.0f} MiB",

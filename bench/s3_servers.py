@@ -151,3 +151,6 @@ class S3rverProcess(S3ServerProcess):
     def __exit__(self, *exc) -> None:
         super().__exit__(*exc)
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+SERVERS: dict[str, type[S3ServerProcess]] = {server.name: server for server in (S3rverProcess, MotoProcess)}
